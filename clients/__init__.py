@@ -1,0 +1,1 @@
+"""Client side of each method: plain torch functions plus Flower message handlers."""

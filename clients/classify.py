@@ -1,0 +1,99 @@
+"""Client side of classification baselines (FedAvg, FedProx): local SGD and evaluation.
+
+`local_train` takes an optional `extra_loss(model, xb, yb, idx) -> loss` so regularised
+methods (MOON, FedDifRC) reuse the loop instead of copying it.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from torch import nn
+from torch.nn import functional as F
+
+from fedapp.client_context import ClientContext
+from fedapp.models.classifier import build_classifier
+
+ExtraLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def proximal_term(model: nn.Module, global_params: list[torch.Tensor]) -> torch.Tensor:
+    """FedProx: (mu/2)·||w - w_global||² without the mu/2 factor."""
+    return sum(((p - g) ** 2).sum() for p, g in zip(model.parameters(), global_params))
+
+
+def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int, lr: float,
+                batch: int, seed: int, device: str = "cpu", prox_mu: float = 0.0,
+                extra_loss: ExtraLoss | None = None) -> dict[str, float]:
+    """Local SGD (momentum 0.9) on (x, y); returns the mean losses of the last epoch."""
+    model.to(device).train()
+    global_params = [p.detach().clone() for p in model.parameters()] if prox_mu > 0 else None
+    opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.9, weight_decay=1e-4)
+    gen = torch.Generator().manual_seed(seed)
+    stats = {"loss": 0.0, "ce": 0.0}
+    for _ in range(epochs):
+        perm = torch.randperm(len(x), generator=gen)
+        totals, n = {"loss": 0.0, "ce": 0.0}, 0
+        for i in range(0, len(x), batch):
+            idx = perm[i : i + batch]
+            xb, yb = x[idx].to(device), y[idx].to(device)
+            ce = F.cross_entropy(model(xb), yb)
+            loss = ce
+            if global_params is not None:
+                loss = loss + 0.5 * prox_mu * proximal_term(model, global_params)
+            if extra_loss is not None:
+                loss = loss + extra_loss(model, xb, yb, idx)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            totals["loss"] += loss.item() * len(idx)
+            totals["ce"] += ce.item() * len(idx)
+            n += len(idx)
+        stats = {k: v / max(n, 1) for k, v in totals.items()}
+    return stats
+
+
+@torch.no_grad()
+def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: str = "cpu",
+             batch: int = 256) -> tuple[float, float]:
+    """(mean cross-entropy, accuracy) of `model` on (x, y)."""
+    model.to(device).eval()
+    loss, correct = 0.0, 0
+    for i in range(0, len(x), batch):
+        xb, yb = x[i : i + batch].to(device), y[i : i + batch].to(device)
+        logits = model(xb)
+        loss += F.cross_entropy(logits, yb, reduction="sum").item()
+        correct += (logits.argmax(1) == yb).sum().item()
+    n = max(len(x), 1)
+    return loss / n, correct / n
+
+
+def model_from_message(msg: Message, ctx: ClientContext) -> nn.Module:
+    """The classifier named by the run config, loaded with the server's weights."""
+    model = build_classifier(ctx.cfg.model, ctx.shard.info.num_classes)
+    model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
+    return model
+
+
+def handle_train(msg: Message, ctx: ClientContext, extra_loss: ExtraLoss | None = None) -> RecordDict:
+    cfg, shard = ctx.cfg, ctx.shard
+    model = model_from_message(msg, ctx)
+    rnd = int(msg.content.config_records["config"].get("server-round", 0))
+    mu = float(msg.content.config_records["config"].get("proximal-mu", 0.0))
+    stats = local_train(model, shard.train.x, shard.train.y, epochs=cfg.local_epochs, lr=cfg.lr,
+                        batch=cfg.batch_size, seed=ctx.seed_for(rnd), device=ctx.device,
+                        prox_mu=mu, extra_loss=extra_loss)
+    metrics = MetricRecord({"num-examples": len(shard.train), **{f"train_{k}": v for k, v in stats.items()}})
+    return RecordDict({"arrays": ArrayRecord(model.cpu().state_dict()), "metrics": metrics})
+
+
+def handle_evaluate(msg: Message, ctx: ClientContext) -> RecordDict:
+    model = model_from_message(msg, ctx)
+    loss, acc = evaluate(model, ctx.shard.test.x, ctx.shard.test.y, device=ctx.device)
+    return RecordDict({"metrics": MetricRecord({"num-examples": len(ctx.shard.test),
+                                                 "loss": loss, "accuracy": acc})})
+
+
+HANDLERS = {"train": handle_train, "evaluate": handle_evaluate}

@@ -1,0 +1,280 @@
+"""The run config: typed dataclasses, validated before anything heavy starts.
+
+Flower hands the app a flat dict (`context.run_config`, keys like `num-server-rounds`,
+`partitioner.alpha`, `espresso.clusters`). `parse_run_config` turns it into a `RunConfig`
+and raises one `ConfigError` line naming the key, the value and what is allowed.
+
+Method options live beside each method's strategy (a dataclass whose fields carry
+`opt(...)` metadata); the registry says which namespace belongs to which method.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+
+class ConfigError(ValueError):
+    """A user error in the run config: one line naming key, value and what is allowed."""
+
+
+def opt(default: Any, *, choices: tuple | None = None, low: float | None = None,
+        high: float | None = None, low_open: bool = False, help: str = "") -> Any:
+    """A config field with its allowed values (checked by `check_value`)."""
+    return field(default=default, metadata={
+        "choices": choices, "low": low, "high": high, "low_open": low_open, "help": help,
+    })
+
+
+# TOML (and so Flower's run config) cannot hold both `partitioner = "iid"` and
+# `partitioner.alpha = 0.5`, so the partitioner is chosen with `partitioner.name`.
+PARTITIONER_KEY = "partitioner.name"
+
+
+def key_of(name: str) -> str:
+    """Python field name -> config key (`num_server_rounds` -> `num-server-rounds`)."""
+    return PARTITIONER_KEY if name == "partitioner" else name.replace("_", "-")
+
+
+def _coerce(key: str, value: Any, typ: type) -> Any:
+    if typ is float and isinstance(value, int) and not isinstance(value, bool):
+        return float(value)
+    if typ is bool and isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
+        raise ConfigError(f"{key}={value!r}: must be of type {typ.__name__}")
+    return value
+
+
+def check_value(key: str, value: Any, typ: type, meta: Mapping[str, Any]) -> Any:
+    """Coerce `value` to `typ` and check it against the field's choices/range."""
+    value = _coerce(key, value, typ)
+    choices = meta.get("choices")
+    if choices is not None and value not in choices:
+        allowed = ", ".join(repr(c) for c in choices)
+        raise ConfigError(f"{key}={value!r}: must be one of {allowed}")
+    low, high = meta.get("low"), meta.get("high")
+    if low is not None:
+        if meta.get("low_open") and not value > low:
+            raise ConfigError(f"{key}={value!r}: must be > {low}")
+        if not meta.get("low_open") and not value >= low:
+            raise ConfigError(f"{key}={value!r}: must be >= {low}")
+    if high is not None and not value <= high:
+        raise ConfigError(f"{key}={value!r}: must be <= {high}")
+    return value
+
+
+def _field_types(cls: type) -> dict[str, tuple[type, Mapping[str, Any]]]:
+    hints = {f.name: f for f in dataclasses.fields(cls)}
+    types = {"int": int, "float": float, "str": str, "bool": bool}
+    out = {}
+    for name, f in hints.items():
+        if f.metadata.get("skip"):
+            continue
+        typ = f.type if isinstance(f.type, type) else types[str(f.type)]
+        out[name] = (typ, f.metadata)
+    return out
+
+
+def build_options(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
+    """Instantiate an options dataclass from flat `{key: value}` (keys without prefix)."""
+    fields = _field_types(cls)
+    by_key = {key_of(name): name for name in fields}
+    kwargs = {}
+    for key, value in values.items():
+        if key not in by_key:
+            allowed = ", ".join(sorted(prefix + k for k in by_key)) or "(none)"
+            raise ConfigError(f"{prefix}{key}={value!r}: unknown key; allowed: {allowed}")
+        name = by_key[key]
+        typ, meta = fields[name]
+        kwargs[name] = check_value(prefix + key, value, typ, meta)
+    return cls(**kwargs)
+
+
+def flat_defaults(cls: type, prefix: str = "") -> dict[str, Any]:
+    """The dataclass' defaults as flat config keys (what pyproject.toml must list)."""
+    inst = cls()
+    return {prefix + key_of(n): getattr(inst, n) for n in _field_types(cls)}
+
+
+def option_values(obj: Any, prefix: str = "") -> dict[str, Any]:
+    return {prefix + key_of(n): getattr(obj, n) for n in _field_types(type(obj))}
+
+
+@dataclass(frozen=True)
+class CommonConfig:
+    """Keys every method shares. Flower's own key for rounds is `num-server-rounds`."""
+
+    method: str = opt("fedavg", help="which method/baseline runs (see fedapp.registry)")
+    dataset: str = opt("digits", help="built-in source, hub id or local folder")
+    partitioner: str = opt("iid", help="how the client pool is split")
+    seed: int = opt(0, low=0)
+    out_dir: str = opt("runs", help="results land in <out-dir>/<run-name>/")
+    run_name: str = opt("", help="empty: <method>-<dataset>-<partitioner>-s<seed>-<time>")
+    model: str = opt("cnn", help="classifier: cnn, resnet18, or a transformers ResNet id/folder")
+    image_size: int = opt(16, low=8, high=512)
+    num_server_rounds: int = opt(5, low=1)
+    local_epochs: int = opt(2, low=1)
+    lr: float = opt(0.02, low=0.0, low_open=True)
+    batch_size: int = opt(16, low=1)
+    device: str = opt("auto", help="auto (CUDA when available), cpu, cuda, cuda:N")
+    min_clients: int = opt(2, low=1, help="wait for this many nodes; a phase goes on while this many reply")
+    prior: str = opt("tiny", help="diffusion prior: tiny, a HF id or a local folder")
+    round_timeout: float = opt(3600.0, low=0.0, low_open=True)
+    max_upload_mb: float = opt(512.0, low=0.0, low_open=True, help="uploads larger than this are dropped")
+    server_epochs: int = opt(30, low=1, help="epochs of server-side training (one-shot methods)")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    common: CommonConfig
+    partitioner_params: dict[str, Any]
+    options: Any  # the chosen method's options dataclass (or None)
+    namespace_values: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:  # cfg.seed, cfg.method, ...
+        return getattr(self.common, name)
+
+    @property
+    def resolved_run_name(self) -> str:
+        if self.common.run_name:
+            return self.common.run_name
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        return f"{self.method}-{self.dataset}-{self.partitioner}-s{self.seed}-{stamp}"
+
+    def flat(self) -> dict[str, Any]:
+        """Resolved flat config: what config.json records and messages carry."""
+        out = option_values(self.common)
+        out.update({f"partitioner.{k}": v for k, v in self.partitioner_params.items()})
+        for ns, values in self.namespace_values.items():
+            out.update({f"{ns}.{k}": v for k, v in values.items()})
+        return out
+
+    def torch_device(self) -> str:
+        import torch
+
+        if self.device == "auto":
+            return "cuda" if torch.cuda.is_available() else "cpu"
+        return self.device
+
+
+def _check_device(value: str) -> None:
+    ok = value in ("auto", "cpu", "cuda") or (
+        value.startswith("cuda:") and value[5:].isdigit()
+    )
+    if not ok:
+        raise ConfigError(f"device={value!r}: must be auto, cpu, cuda or cuda:N")
+
+
+def _partitioner_params(partitioner: str, given: Mapping[str, Any]) -> dict[str, Any]:
+    """Typed params of the chosen partitioner; keys of other partitioners are tolerated
+    (pyproject.toml lists every partitioner's defaults) but not used."""
+    from feddata import PARTITIONER_PARAMS, resolve_params
+
+    known = {k for spec in PARTITIONER_PARAMS.values() for k in spec}
+    for key, value in given.items():
+        if key not in known:
+            allowed = ", ".join(sorted(f"partitioner.{k}" for k in known))
+            raise ConfigError(f"partitioner.{key}={value!r}: unknown key; allowed: {allowed}")
+    spec = PARTITIONER_PARAMS[partitioner]
+    try:
+        return resolve_params(partitioner, {k: v for k, v in given.items() if k in spec})
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def normalize_keys(flat: Mapping[str, Any]) -> dict[str, Any]:
+    """The Python API may say `partitioner` for `partitioner.name`."""
+    flat = dict(flat)
+    if "partitioner" in flat:
+        value = flat.pop("partitioner")
+        if flat.get(PARTITIONER_KEY, value) != value:
+            raise ConfigError(f"partitioner={value!r} contradicts {PARTITIONER_KEY}={flat[PARTITIONER_KEY]!r}")
+        flat[PARTITIONER_KEY] = value
+    return flat
+
+
+def parse_run_config(flat: Mapping[str, Any]) -> RunConfig:
+    """Validate a flat run config (from pyproject/`--run-config` or `fedapp.simulate`)."""
+    from feddata import PARTITIONERS
+
+    from fedapp import registry
+
+    flat = normalize_keys(flat)
+    common_keys = {key_of(n) for n in _field_types(CommonConfig)}
+    common, part, spaces = {}, {}, {}
+    for key, value in flat.items():
+        if key in common_keys:
+            common[key] = value
+        elif key.startswith("partitioner."):
+            part[key[len("partitioner."):]] = value
+        elif "." in key and key.split(".", 1)[0] in registry.namespaces():
+            ns, sub = key.split(".", 1)
+            spaces.setdefault(ns, {})[sub] = value
+        else:
+            allowed = ", ".join(sorted(common_keys)) + ", partitioner.*, " + ", ".join(
+                f"{ns}.*" for ns in sorted(registry.namespaces()))
+            raise ConfigError(f"{key}={value!r}: unknown key; allowed: {allowed}")
+
+    cc = build_options(CommonConfig, common)
+    if cc.method not in registry.METHODS:
+        raise ConfigError(f"method={cc.method!r}: must be one of {', '.join(registry.METHODS)}")
+    if cc.partitioner not in PARTITIONERS:
+        raise ConfigError(f"{PARTITIONER_KEY}={cc.partitioner!r}: must be one of {', '.join(PARTITIONERS)}")
+    _check_device(cc.device)
+    params = _partitioner_params(cc.partitioner, part)
+
+    # Validate every namespace given (all are listed in pyproject), keep the chosen one.
+    ns_values: dict[str, dict[str, Any]] = {}
+    chosen = None
+    for ns in registry.namespaces():
+        cls = registry.options_class(ns)
+        obj = build_options(cls, spaces.get(ns, {}), prefix=f"{ns}.")
+        ns_values[ns] = option_values(obj)
+        if ns == registry.METHODS[cc.method].namespace:
+            chosen = obj
+    return RunConfig(common=cc, partitioner_params=params, options=chosen,
+                     namespace_values=ns_values)
+
+
+def check_data(cfg: RunConfig, num_clients: int) -> None:
+    """The dataset-dependent checks (domain partitioner needs domains, ...), as ConfigError."""
+    from feddata import validate
+
+    try:
+        validate(cfg.dataset, cfg.partitioner, cfg.partitioner_params, num_clients,
+                 seed=cfg.seed, image_size=cfg.image_size)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+
+
+def all_defaults() -> dict[str, Any]:
+    """Every key with its default: the `[tool.flwr.app.config]` block of pyproject.toml."""
+    from feddata import PARTITIONER_PARAMS
+
+    from fedapp import registry
+
+    out = flat_defaults(CommonConfig)
+    for spec in PARTITIONER_PARAMS.values():
+        for key, (_, default) in spec.items():
+            out.setdefault(f"partitioner.{key}", default)
+    for ns in registry.namespaces():
+        out.update(flat_defaults(registry.options_class(ns), prefix=f"{ns}."))
+    return out
+
+
+def toml_block() -> str:
+    """`[tool.flwr.app.config]` for pyproject.toml, generated from the dataclasses."""
+    import json
+
+    lines = ["[tool.flwr.app.config]"]
+    for key, value in all_defaults().items():
+        text = json.dumps(value) if not isinstance(value, bool) else str(value).lower()
+        lines.append(f"{key} = {text}")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(toml_block(), end="")

@@ -1,0 +1,76 @@
+"""Evaluation figures shared by every method.
+
+- accuracy, and accuracy per domain when the data has one;
+- Frechet distance between Gaussian fits of *reference-classifier* features (the FID
+  formula, but not Inception features: Inception weights cannot be downloaded here, so
+  the numbers are not comparable with published FIDs and are never called FID);
+- composition accuracy: both attributes of a sample read back as requested;
+- membership-inference figures: ROC AUC, best attack accuracy, TPR at 1% FPR.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+from scipy import linalg
+
+
+@torch.no_grad()
+def predict_labels(model: torch.nn.Module, x: torch.Tensor, device: str = "cpu", batch: int = 256) -> torch.Tensor:
+    model.to(device).eval()
+    return torch.cat([model(x[i : i + batch].to(device)).argmax(1).cpu()
+                      for i in range(0, len(x), batch)]) if len(x) else torch.zeros(0, dtype=torch.long)
+
+
+def accuracy_by_group(model: torch.nn.Module, split: Any, info: Any, device: str = "cpu") -> dict[str, Any]:
+    """`accuracy` on the split, plus `domain_accuracy` {name: acc} when it has domains."""
+    pred = predict_labels(model, split.x, device)
+    correct = (pred == split.y).float()
+    out: dict[str, Any] = {"accuracy": correct.mean().item() if len(correct) else float("nan")}
+    if "domain" in split.attrs and "domain" in info.attributes:
+        names = info.attributes["domain"]
+        dom = split.attrs["domain"]
+        out["domain_accuracy"] = {names[d]: correct[dom == d].mean().item()
+                                  for d in range(len(names)) if (dom == d).any()}
+    return out
+
+
+def frechet_distance(feats_a: np.ndarray, feats_b: np.ndarray, eps: float = 1e-6) -> float:
+    """||mu_a - mu_b||² + Tr(S_a + S_b - 2 (S_a S_b)^{1/2}) of two feature sets (rows = samples)."""
+    a = np.asarray(feats_a, dtype=np.float64)
+    b = np.asarray(feats_b, dtype=np.float64)
+    if len(a) < 2 or len(b) < 2:
+        raise ValueError("frechet_distance needs at least two samples per set")
+    mu_a, mu_b = a.mean(0), b.mean(0)
+    s_a, s_b = np.cov(a, rowvar=False), np.cov(b, rowvar=False)
+    covmean, _ = linalg.sqrtm(s_a @ s_b, disp=False)
+    if not np.isfinite(covmean).all():  # near-singular covariances: regularise
+        off = np.eye(len(s_a)) * eps
+        covmean = linalg.sqrtm((s_a + off) @ (s_b + off))
+    covmean = covmean.real
+    return float(((mu_a - mu_b) ** 2).sum() + np.trace(s_a) + np.trace(s_b) - 2 * np.trace(covmean))
+
+
+def composition_accuracy(pred_a: torch.Tensor, pred_b: torch.Tensor,
+                         want_a: torch.Tensor, want_b: torch.Tensor) -> float:
+    """Share of samples whose two attributes both read back as requested."""
+    ok = (pred_a == want_a) & (pred_b == want_b)
+    return ok.float().mean().item() if len(ok) else float("nan")
+
+
+def mia_figures(member_scores: np.ndarray, nonmember_scores: np.ndarray) -> dict[str, float]:
+    """Loss-threshold membership inference: a *higher* score means "member".
+
+    Returns ROC AUC, the best balanced attack accuracy over thresholds, and TPR at 1% FPR.
+    """
+    from sklearn.metrics import roc_auc_score, roc_curve
+
+    s = np.concatenate([member_scores, nonmember_scores])
+    lab = np.concatenate([np.ones(len(member_scores)), np.zeros(len(nonmember_scores))])
+    auc = roc_auc_score(lab, s)
+    fpr, tpr, _ = roc_curve(lab, s)
+    acc = float(np.max(0.5 * (tpr + 1 - fpr)))
+    tpr_at = float(np.interp(0.01, fpr, tpr))
+    return {"mia_auc": float(auc), "mia_attack_accuracy": acc, "mia_tpr_at_1fpr": tpr_at}

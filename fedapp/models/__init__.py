@@ -1,0 +1,1 @@
+"""Models: diffusion prior, samplers and features, flow matching, DDPM, classifiers."""

@@ -1,0 +1,106 @@
+"""A small CNN classifier: the reference classifier (sample accuracy, Frechet distance features)
+and a light client model. GroupNorm instead of BatchNorm so the state dict has no running
+statistics: FedAvg averages parameters only, and eval equals train behaviour."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+
+class SmallCNN(nn.Module):
+    """conv-GN-ReLU x2 at full size, then two downsampling stages, global pooling, a linear head.
+    `embed(x)` is the penultimate (pooled) feature, (B, 4*width)."""
+
+    def __init__(self, num_classes: int, in_ch: int = 3, width: int = 32):
+        super().__init__()
+
+        def block(cin, cout):
+            return nn.Sequential(nn.Conv2d(cin, cout, 3, padding=1), nn.GroupNorm(8, cout), nn.ReLU(inplace=True))
+
+        self.features = nn.Sequential(
+            block(in_ch, width), block(width, width), nn.MaxPool2d(2),
+            block(width, 2 * width), block(2 * width, 2 * width), nn.MaxPool2d(2),
+            block(2 * width, 4 * width), nn.AdaptiveAvgPool2d(1), nn.Flatten())
+        self.head = nn.Linear(4 * width, num_classes)
+        self.embed_dim = 4 * width
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features(x)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(x))
+
+
+def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int = 10, lr: float = 2e-3,
+                     batch: int = 64, seed: int = 0, weight_decay: float = 1e-4) -> nn.Module:
+    """AdamW with a cosine learning rate over `epochs` passes of shuffled minibatches (seeded)."""
+    device = next(model.parameters()).device
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
+    total = epochs * max(1, -(-len(x) // batch))
+    sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, total)
+    model.train()
+    for _ in range(epochs):
+        perm = torch.randperm(len(x), generator=g)
+        for i in range(0, len(x), batch):
+            idx = perm[i:i + batch]
+            loss = F.cross_entropy(model(x[idx].to(device)), y[idx].to(device))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+            sched.step()
+    return model.eval()
+
+
+@torch.no_grad()
+def predict(model: nn.Module, x: torch.Tensor, batch: int = 512) -> torch.Tensor:
+    """Predicted labels (N,) for x (N, C, H, W)."""
+    model.eval()
+    device = next(model.parameters()).device
+    return torch.cat([model(x[i:i + batch].to(device)).argmax(1).cpu() for i in range(0, len(x), batch)])
+
+
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    return float((predict(model, x) == y.cpu()).float().mean())
+
+
+class HFResNet(nn.Module):
+    """ResNet from transformers: built from a config (no download) or loaded by id/folder."""
+
+    def __init__(self, num_classes: int, name_or_path: str | None = None):
+        super().__init__()
+        from transformers import ResNetConfig, ResNetModel
+
+        if name_or_path:
+            self.backbone = ResNetModel.from_pretrained(name_or_path)
+        else:  # ResNet-18 layout: basic blocks, depths (2,2,2,2), widths 64..512
+            self.backbone = ResNetModel(ResNetConfig(
+                layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
+                embedding_size=64, num_channels=3))
+        self.embed_dim = self.backbone.config.hidden_sizes[-1]
+        self.head = nn.Linear(self.embed_dim, num_classes)
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return self.backbone(pixel_values=x).pooler_output.flatten(1)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.embed(x))
+
+
+def build_classifier(name: str, num_classes: int) -> nn.Module:
+    """`cnn`, `resnet18` (transformers config, random init) or a transformers ResNet id/folder."""
+    if name == "cnn":
+        return SmallCNN(num_classes)
+    if name == "resnet18":
+        return HFResNet(num_classes)
+    return HFResNet(num_classes, name_or_path=name)
+
+
+@torch.no_grad()
+def embed_all(model: nn.Module, x: torch.Tensor, batch: int = 512) -> torch.Tensor:
+    """Penultimate features of `x` in eval mode (reference features for Frechet distances)."""
+    model.eval()
+    device = next(model.parameters()).device
+    return torch.cat([model.embed(x[i:i + batch].to(device)).cpu() for i in range(0, len(x), batch)])

@@ -1,0 +1,282 @@
+"""The diffusion prior: one code path for the built-in tiny prior and Stable Diffusion 1.5.
+
+A prior is an SD-1.5-layout folder (unet/, text_encoder/, tokenizer/, scheduler/, optional vae/)
+loaded component by component with each class's from_pretrained. Without vae/ it works in pixel
+space (encode/decode are the identity). The noise schedule is the pipeline's own betas wrapped in
+a DDIMScheduler config; the DDIM step and its inversion are written here from the equations
+(samplers.py has the notation), so they do not depend on diffusers' changing inverse-scheduler
+conventions.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from . import samplers
+from .samplers import DEFAULT_GAMMA2, DEFAULT_GUIDANCE, DEFAULT_ZIGZAG_T
+
+DEFAULT_TINY_DATASET = "digit-styles"
+
+Condition = torch.Tensor | list[str] | str
+
+
+@dataclass
+class SampleResult:
+    images: torch.Tensor  # (B, 3, H, W) in [-1, 1]
+    latents: torch.Tensor  # z_0, (B, *latent_shape)
+    unet_evals: int  # per-sample noise predictions spent (a CFG pair counts 2), counted at the UNet call
+
+
+class Prior:
+    """Tokenizer + CLIP text encoder + UNet2DConditionModel + DDIM schedule (+ VAE when latent).
+
+    All modules are frozen (eval, no grad to weights); gradients still flow to inputs, so a method
+    can optimise a raw condition sequence (B, L, D) through predict_noise (Espresso).
+    """
+
+    def __init__(self, tokenizer, text_encoder, unet, scheduler, vae=None, device="cpu", dtype=torch.float32,
+                 source: str = ""):
+        from diffusers import DDIMScheduler
+
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.source = source
+        self.tokenizer = tokenizer
+        self.text_encoder = text_encoder.to(self.device, dtype).eval().requires_grad_(False)
+        self.unet = unet.to(self.device, dtype).eval().requires_grad_(False)
+        self.vae = None if vae is None else vae.to(self.device, dtype).eval().requires_grad_(False)
+        # keep the pipeline's betas, sample with DDIM; our timesteps() is "leading" spacing
+        self.scheduler = DDIMScheduler.from_config(dict(scheduler.config), timestep_spacing="leading")
+        cfg = self.scheduler.config
+        self.num_train_timesteps = int(cfg.num_train_timesteps)
+        self.steps_offset = int(cfg.steps_offset)
+        self.prediction_type = cfg.prediction_type
+        self.clip_sample = float(cfg.clip_sample_range) if cfg.clip_sample else None
+        self.alphas_cumprod = self.scheduler.alphas_cumprod.to(self.device)  # abar_t, float32
+        self.final_alpha_cumprod = self.scheduler.final_alpha_cumprod.to(self.device)  # abar at t < 0
+        self.scaling_factor = float(vae.config.scaling_factor) if vae is not None else 1.0
+        size = unet.config.sample_size
+        h, w = (size, size) if isinstance(size, int) else tuple(size)
+        self.latent_shape = (int(unet.config.in_channels), h, w)
+        factor = 2 ** (len(vae.config.block_out_channels) - 1) if vae is not None else 1
+        self.image_size = h * factor
+        self.cond_shape = (int(text_encoder.config.max_position_embeddings), int(unet.config.cross_attention_dim))
+        self.unet_rows = 0  # rows passed through the UNet so far (the evaluation counter)
+        self._null = None
+
+    # ---- images <-> latents -------------------------------------------------------------------
+    @torch.no_grad()
+    def encode_images(self, x: torch.Tensor) -> torch.Tensor:
+        """x in [-1, 1] -> z_0 = E(x): VAE posterior mean * scaling factor; identity in pixel space."""
+        x = x.to(self.device, self.dtype)
+        if self.vae is None:
+            return x
+        return self.vae.encode(x).latent_dist.mean * self.scaling_factor
+
+    @torch.no_grad()
+    def decode_latents(self, z: torch.Tensor) -> torch.Tensor:
+        """z_0 -> images in [-1, 1] (clamped)."""
+        z = z.to(self.device, self.dtype)
+        x = z if self.vae is None else self.vae.decode(z / self.scaling_factor).sample
+        return x.clamp(-1, 1)
+
+    # ---- conditions -----------------------------------------------------------------------------
+    @torch.no_grad()
+    def encode_prompts(self, prompts: list[str] | str) -> torch.Tensor:
+        """Prompts -> the text encoder's last hidden states (B, L, D), padded to L tokens (as SD)."""
+        prompts = [prompts] if isinstance(prompts, str) else list(prompts)
+        ids = self.tokenizer(prompts, padding="max_length", max_length=self.cond_shape[0], truncation=True,
+                             return_tensors="pt").input_ids.to(self.device)
+        return self.text_encoder(ids).last_hidden_state.to(self.dtype)
+
+    def null_condition(self, batch: int) -> torch.Tensor:
+        """The empty prompt's encoding, (batch, L, D): the unconditional branch of guidance."""
+        if self._null is None:
+            self._null = self.encode_prompts([""])
+        return self._null.expand(batch, -1, -1)
+
+    def condition(self, cond: Condition, batch: int) -> torch.Tensor:
+        """Prompts (str, list) or raw condition embeddings (B|1, L, D) -> a (batch, L, D) tensor."""
+        if isinstance(cond, str):
+            cond = [cond]
+        if not torch.is_tensor(cond):
+            cond = self.encode_prompts(list(cond))
+        cond = cond.to(self.device, self.dtype)
+        if cond.ndim != 3 or cond.shape[1:] != self.cond_shape or cond.shape[0] not in (1, batch):
+            raise ValueError(f"condition of shape {tuple(cond.shape)}: expected ({batch} or 1, "
+                             f"{self.cond_shape[0]}, {self.cond_shape[1]})")
+        return cond.expand(batch, -1, -1)
+
+    # ---- noise prediction ---------------------------------------------------------------------
+    def _timestep(self, t, batch: int) -> torch.Tensor:
+        t = torch.as_tensor(t, device=self.device)
+        return t.expand(batch) if t.ndim == 0 else t
+
+    def _abar(self, t, x: torch.Tensor) -> torch.Tensor:
+        """abar_t broadcast against x; t < 0 means the clean end (final_alpha_cumprod)."""
+        t = torch.as_tensor(t, device=self.device)
+        a = torch.where(t >= 0, self.alphas_cumprod[t.clamp(min=0)], self.final_alpha_cumprod)
+        return a.to(x.dtype).reshape(-1, *([1] * (x.ndim - 1))) if a.ndim else a.to(x.dtype)
+
+    def _eps(self, z: torch.Tensor, t, cond: torch.Tensor) -> torch.Tensor:
+        """One UNet call; counts its rows and converts v/x0 predictions to epsilon."""
+        t = self._timestep(t, z.shape[0])
+        out = self.unet(z, t, encoder_hidden_states=cond).sample
+        self.unet_rows += z.shape[0]
+        if self.prediction_type == "epsilon":
+            return out
+        a = self._abar(t, z)
+        if self.prediction_type == "v_prediction":  # eps = sqrt(abar) v + sqrt(1-abar) z
+            return a.sqrt() * out + (1 - a).sqrt() * z
+        return (z - a.sqrt() * out) / (1 - a).sqrt()  # "sample": out is x0
+
+    def predict_noise(self, z: torch.Tensor, t, cond: Condition, guidance: float = 1.0,
+                      uncond: Condition | None = None) -> torch.Tensor:
+        """eps~ = eps(z,t,∅) + gamma (eps(z,t,c) - eps(z,t,∅)); gamma = 1: one conditional pass only,
+        gamma = 0: one unconditional pass; otherwise both branches in one batched UNet call."""
+        batch = z.shape[0]
+        cond = self.condition(cond, batch)
+        if guidance == 1.0:
+            return self._eps(z, t, cond)
+        uncond = self.null_condition(batch) if uncond is None else self.condition(uncond, batch)
+        if guidance == 0.0:
+            return self._eps(z, t, uncond)
+        t = self._timestep(t, batch)
+        eps_u, eps_c = self._eps(torch.cat([z, z]), torch.cat([t, t]), torch.cat([uncond, cond])).chunk(2)
+        return eps_u + guidance * (eps_c - eps_u)
+
+    # ---- the DDIM equations ----------------------------------------------------------------------
+    def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, t) -> torch.Tensor:
+        """Forward diffusion q(z_t | z_0): z_t = sqrt(abar_t) z_0 + sqrt(1 - abar_t) eps."""
+        a = self._abar(t, x0)
+        return a.sqrt() * x0 + (1 - a).sqrt() * noise
+
+    def timesteps(self, num_steps: int) -> torch.Tensor:
+        """DDIM timesteps, descending ("leading" spacing + the pipeline's steps_offset)."""
+        return samplers.leading_timesteps(num_steps, self.num_train_timesteps, self.steps_offset)
+
+    def ddim_step(self, z_t: torch.Tensor, eps: torch.Tensor, t, t_prev) -> torch.Tensor:
+        """Deterministic DDIM (eta = 0), z_t -> z_{t_prev}:
+        x0 = (z_t - sqrt(1-abar_t) eps) / sqrt(abar_t)   [clamped when the scheduler config clips]
+        z_{t_prev} = sqrt(abar_{t_prev}) x0 + sqrt(1 - abar_{t_prev}) eps
+        (same operation order as DDIMScheduler.step, so the two agree to float rounding)."""
+        a_t, a_prev = self._abar(t, z_t), self._abar(t_prev, z_t)
+        x0 = (z_t - (1 - a_t) ** 0.5 * eps) / a_t ** 0.5
+        if self.clip_sample is not None:
+            x0 = x0.clamp(-self.clip_sample, self.clip_sample)
+        return a_prev ** 0.5 * x0 + (1 - a_prev) ** 0.5 * eps
+
+    def ddim_invert_step(self, z_prev: torch.Tensor, eps: torch.Tensor, t_prev, t) -> torch.Tensor:
+        """DDIM inversion, z_{t_prev} -> z_t (t > t_prev). Convention: eps = eps(z_{t_prev}, t_prev),
+        i.e. the noise predicted at the *lower* timestep stands in for eps(z_t, t) (the local-linearity
+        assumption of DDIM inversion); at the clean end (t_prev < 0) callers evaluate the UNet at 0.
+        x0 = (z_{t_prev} - sqrt(1-abar_{t_prev}) eps) / sqrt(abar_{t_prev});  z_t = sqrt(abar_t) x0 + sqrt(1-abar_t) eps
+        No clipping: inversion must stay invertible."""
+        a_prev, a_t = self._abar(t_prev, z_prev), self._abar(t, z_prev)
+        x0 = (z_prev - (1 - a_prev) ** 0.5 * eps) / a_prev ** 0.5
+        return a_t ** 0.5 * x0 + (1 - a_t) ** 0.5 * eps
+
+    # ---- sampling ------------------------------------------------------------------------------
+    @torch.no_grad()
+    def sample(self, noise: torch.Tensor | int, cond: Condition, uncond: Condition | None = None,
+               num_steps: int = 25, guidance: float = DEFAULT_GUIDANCE, sampler: str = "ddim",
+               zigzag_t: int = DEFAULT_ZIGZAG_T, gamma2: float = DEFAULT_GAMMA2,
+               generator: torch.Generator | None = None) -> SampleResult:
+        """z_T = noise (a tensor (B, *latent_shape), or a batch size drawn with `generator`) -> images.
+        cond: prompts or raw condition embeddings (B|1, L, D); guidance is gamma1 for "zigzag"."""
+        if isinstance(noise, int):
+            noise = torch.randn(noise, *self.latent_shape, generator=generator)
+        z = noise.to(self.device, self.dtype)
+        batch = z.shape[0]
+        cond = self.condition(cond, batch)
+        uncond = None if uncond is None else self.condition(uncond, batch)
+        rows0 = self.unet_rows
+        if sampler == "ddim":
+            z0 = samplers.ddim_loop(self, z, cond, uncond, num_steps, guidance)
+        elif sampler == "zigzag":
+            z0 = samplers.zigzag_loop(self, z, cond, uncond, num_steps, guidance, gamma2, zigzag_t)
+        else:
+            raise ValueError(f"sampler={sampler!r}: allowed 'ddim', 'zigzag'")
+        return SampleResult(self.decode_latents(z0), z0, (self.unet_rows - rows0) // batch)
+
+    # ---- saving --------------------------------------------------------------------------------
+    def save_pretrained(self, folder: str | Path) -> Path:
+        """Write the SD-1.5 layout (unet/, text_encoder/, tokenizer/, scheduler/, vae/ if latent)."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        save_components(folder, self.tokenizer, self.text_encoder, self.unet, self.scheduler, self.vae)
+        return folder
+
+
+def save_components(folder: Path, tokenizer, text_encoder, unet, scheduler, vae=None) -> None:
+    """save_pretrained of each component into its subfolder, plus a diffusers-style model_index.json."""
+    import diffusers
+
+    unet.save_pretrained(folder / "unet")
+    text_encoder.save_pretrained(folder / "text_encoder")
+    tokenizer.save_pretrained(folder / "tokenizer")
+    scheduler.save_pretrained(folder / "scheduler")
+    index = {"_class_name": "StableDiffusionPipeline" if vae is not None else "FedappPixelPrior",
+             "_diffusers_version": diffusers.__version__,
+             "unet": ["diffusers", type(unet).__name__],
+             "text_encoder": ["transformers", type(text_encoder).__name__],
+             "tokenizer": ["transformers", type(tokenizer).__name__],
+             "scheduler": ["diffusers", type(scheduler).__name__]}
+    if vae is not None:
+        vae.save_pretrained(folder / "vae")
+        index["vae"] = ["diffusers", type(vae).__name__]
+    (folder / "model_index.json").write_text(json.dumps(index, indent=2))
+
+
+def _load_components(src: str, local: bool, device, dtype) -> Prior:
+    from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
+    from transformers import AutoTokenizer, CLIPTextModel
+
+    unet = UNet2DConditionModel.from_pretrained(src, subfolder="unet", dtype=dtype)
+    text_encoder = CLIPTextModel.from_pretrained(src, subfolder="text_encoder", dtype=dtype)
+    tokenizer = AutoTokenizer.from_pretrained(src, subfolder="tokenizer")
+    scheduler = DDIMScheduler.from_pretrained(src, subfolder="scheduler")
+    has_vae = (Path(src) / "vae").is_dir() if local else True  # a hub SD pipeline always has vae/
+    vae = AutoencoderKL.from_pretrained(src, subfolder="vae", dtype=dtype) if has_vae else None
+    return Prior(tokenizer, text_encoder, unet, scheduler, vae, device=device, dtype=dtype, source=src)
+
+
+def load_prior(name_or_path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+               *, dataset: str | None = None, cache_dir: str | Path | None = None, build: bool = False) -> Prior:
+    """Load a prior from a Hugging Face id, a local SD-1.5-layout folder, or `tiny` / `tiny:<dataset>`.
+
+    `tiny` uses `dataset` (default digit-styles) and resolves to its cache folder (tiny_prior.py);
+    when that folder is missing it is built if `build`, else a ValueError says how to build it.
+    """
+    spec = str(name_or_path)
+    allowed = ("allowed: 'tiny', 'tiny:<dataset>', a local folder with unet/, text_encoder/, tokenizer/, "
+               "scheduler/ (vae/ optional), or a Hugging Face id such as 'runwayml/stable-diffusion-v1-5'")
+    if spec == "tiny" or spec.startswith("tiny:"):
+        from .tiny_prior import build_tiny_prior, tiny_prior_path
+
+        ds = spec.partition(":")[2] or dataset or DEFAULT_TINY_DATASET
+        folder = tiny_prior_path(ds, cache_dir=cache_dir)
+        if not folder.is_dir():
+            if not build:
+                raise ValueError(f"prior={spec!r}: the tiny prior for dataset {ds!r} is not built yet at {folder}; "
+                                 f"build it with `python -m fedapp.models.tiny_prior --dataset {ds}`")
+            folder = build_tiny_prior(ds, cache_dir=cache_dir)
+        return _load_components(str(folder), True, device, dtype)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        missing = [s for s in ("unet", "text_encoder", "tokenizer", "scheduler") if not (path / s).is_dir()]
+        if missing:
+            raise ValueError(f"prior={spec!r}: folder lacks {', '.join(missing)}/; {allowed}")
+        return _load_components(str(path), True, device, dtype)
+    if spec.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
+        raise ValueError(f"prior={spec!r}: no such folder and not a known name; {allowed}")
+    try:
+        return _load_components(spec, False, device, dtype)
+    except (OSError, ValueError) as e:  # hub unreachable, unknown repo, not an SD layout
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"prior={spec!r}: could not load it from the Hugging Face hub ({first}); {allowed}") from e

@@ -1,0 +1,99 @@
+"""DDIM and Z-sampling loops over a `Prior` (prior.py), in the style of a diffusers scheduler module.
+
+Notation (Song et al., DDIM, ICLR 2021; Espresso, CVPR 2026):
+  abar_t                 cumulative product of (1 - beta) at timestep t (prior.alphas_cumprod[t])
+  eps~(z, t, c; gamma)   classifier-free guidance: eps(z,t,∅) + gamma (eps(z,t,c) - eps(z,t,∅))
+  DDIM step  t -> t'     x0 = (z_t - sqrt(1-abar_t) eps) / sqrt(abar_t);  z_t' = sqrt(abar_t') x0 + sqrt(1-abar_t') eps
+  DDIM inversion t' -> t the same two lines with t and t' swapped, eps evaluated at (z_t', t')
+
+Z-sampling (zigzag, Bai et al. 2025, used by Espresso with T_z = 800, gamma1 > gamma2): at every
+step whose timestep t > T_z,
+  z~_{t-1} = DDIM(z_t;      eps~(., gamma1))     denoise with strong guidance
+  z~_t     = DDIM^-1(z~_{t-1}; eps~(., gamma2))  invert one step with weak guidance
+  z_{t-1}  = DDIM(z~_t;     eps~(., gamma1))     denoise again
+The gap delta_gamma = gamma1 - gamma2 injects the condition's semantics into z~_t each zigzag.
+Steps with t <= T_z are plain DDIM steps. T_z >= T turns Z-sampling into DDIM.
+"""
+
+from __future__ import annotations
+
+import torch
+
+DEFAULT_GUIDANCE = 4.0  # gamma1: tuned on the tiny digits prior (tiny_prior.py); SD users often take 7.5
+DEFAULT_GAMMA2 = 0.0  # gamma2 of the inversion step (Z-sampling paper: unconditional inversion)
+DEFAULT_ZIGZAG_T = 800  # T_z (Espresso)
+
+
+def leading_timesteps(num_steps: int, num_train_timesteps: int = 1000, steps_offset: int = 0) -> torch.Tensor:
+    """The DDIM schedule, descending, as DDIMScheduler.set_timesteps with timestep_spacing="leading"."""
+    if not 1 <= num_steps <= num_train_timesteps:
+        raise ValueError(f"num_steps={num_steps}: must be in [1, {num_train_timesteps}]")
+    ratio = num_train_timesteps // num_steps
+    return torch.arange(num_steps, dtype=torch.long).flip(0) * ratio + steps_offset
+
+
+def evals_per_prediction(guidance: float) -> int:
+    """UNet evaluations for one guided noise prediction: gamma in {0, 1} needs one branch only."""
+    return 1 if guidance in (0.0, 1.0) else 2
+
+
+def expected_unet_evals(
+    num_steps: int,
+    zigzag_t: int | None = DEFAULT_ZIGZAG_T,
+    guidance1: float = DEFAULT_GUIDANCE,
+    guidance2: float = DEFAULT_GAMMA2,
+    num_train_timesteps: int = 1000,
+    steps_offset: int = 0,
+) -> int:
+    """Per-sample UNet evaluations a run spends, from the schedule alone (zigzag_t=None: DDIM).
+
+    DDIM: N * e(gamma1). Z-sampling adds e(gamma2) + e(gamma1) for each step with t > T_z.
+    """
+    per = evals_per_prediction(guidance1)
+    n = num_steps * per
+    if zigzag_t is not None:
+        ts = leading_timesteps(num_steps, num_train_timesteps, steps_offset)
+        n += int((ts > zigzag_t).sum()) * (evals_per_prediction(guidance2) + per)
+    return n
+
+
+@torch.no_grad()
+def ddim_loop(prior, z: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor | None, num_steps: int,
+              guidance: float) -> torch.Tensor:
+    """Deterministic DDIM (eta = 0) from z_T to z_0."""
+    stride = prior.num_train_timesteps // num_steps
+    for t in prior.timesteps(num_steps).tolist():
+        eps = prior.predict_noise(z, t, cond, guidance, uncond)
+        z = prior.ddim_step(z, eps, t, t - stride)
+    return z
+
+
+@torch.no_grad()
+def zigzag_loop(prior, z: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor | None, num_steps: int,
+                guidance1: float, guidance2: float, zigzag_t: int) -> torch.Tensor:
+    """Z-sampling from z_T to z_0 (module docstring): zigzag on steps with t > T_z, DDIM below."""
+    stride = prior.num_train_timesteps // num_steps
+    for t in prior.timesteps(num_steps).tolist():
+        t_prev = t - stride
+        if t > zigzag_t:
+            eps = prior.predict_noise(z, t, cond, guidance1, uncond)
+            z_tilde_prev = prior.ddim_step(z, eps, t, t_prev)  # z~_{t-1}, gamma1
+            # inversion evaluates eps at (z~_{t-1}, t-1); the clean end (t_prev < 0) uses timestep 0
+            eps = prior.predict_noise(z_tilde_prev, max(t_prev, 0), cond, guidance2, uncond)
+            z = prior.ddim_invert_step(z_tilde_prev, eps, t_prev, t)  # z~_t, gamma2
+        eps = prior.predict_noise(z, t, cond, guidance1, uncond)
+        z = prior.ddim_step(z, eps, t, t_prev)  # z_{t-1}, gamma1
+    return z
+
+
+@torch.no_grad()
+def ddim_invert_loop(prior, z0: torch.Tensor, cond: torch.Tensor, num_steps: int, guidance: float = 1.0,
+                     uncond: torch.Tensor | None = None) -> torch.Tensor:
+    """DDIM inversion z_0 -> z_T over the same schedule, ascending (used by tests and methods)."""
+    stride = prior.num_train_timesteps // num_steps
+    z = z0
+    for t in prior.timesteps(num_steps).flip(0).tolist():
+        t_prev = t - stride
+        eps = prior.predict_noise(z, max(t_prev, 0), cond, guidance, uncond)
+        z = prior.ddim_invert_step(z, eps, t_prev, t)
+    return z

@@ -1,0 +1,58 @@
+"""Method name -> (strategy, client handlers, options): the one place a method is added.
+
+Entries are import strings so that choosing `fedavg` never imports diffusers. A client
+module exposes `HANDLERS: dict[message_type, handler]`; a strategy module exposes the
+strategy class named here and, when the method has options, their dataclass.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    strategy: str            # "module:Class" of the server side
+    client: str              # module with HANDLERS
+    namespace: str | None    # config namespace of its options (`fedprox.mu`)
+    options: str | None      # "module:Class" of the options dataclass
+    actions: tuple[str, ...] = ("train", "evaluate")  # message types its clients handle
+    paper: str = ""
+
+
+METHODS: dict[str, MethodSpec] = {
+    "fedavg": MethodSpec("strategies.fedavg:FedAvgStrategy", "clients.classify", None, None,
+                         paper="McMahan et al., AISTATS 2017"),
+    "fedprox": MethodSpec("strategies.fedprox:FedProxStrategy", "clients.classify", "fedprox",
+                          "strategies.fedprox:FedProxOptions", paper="Li et al., MLSys 2020"),
+}
+
+
+def _load(path: str) -> Any:
+    module, _, name = path.partition(":")
+    mod = importlib.import_module(module)
+    return getattr(mod, name) if name else mod
+
+
+def namespaces() -> list[str]:
+    return sorted({s.namespace for s in METHODS.values() if s.namespace})
+
+
+def options_class(namespace: str) -> type:
+    spec = next(s for s in METHODS.values() if s.namespace == namespace)
+    return _load(spec.options)
+
+
+def strategy_class(method: str) -> type:
+    return _load(METHODS[method].strategy)
+
+
+def client_handlers(method: str) -> dict:
+    return _load(METHODS[method].client).HANDLERS
+
+
+def message_types() -> list[str]:
+    """Every message type some method uses (the ClientApp registers each)."""
+    return sorted({t for spec in METHODS.values() for t in spec.actions})

@@ -1,0 +1,138 @@
+"""The run folder `<out-dir>/<run-name>/`: config.json, metrics.jsonl, summary.json,
+comm.json, images/ and plots/. Every file is written atomically (temp file + rename), so a
+crash never leaves a half-written result."""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from collections import defaultdict
+from pathlib import Path
+from typing import Any
+
+
+def _jsonable(obj: Any) -> Any:
+    if isinstance(obj, dict):
+        return {str(k): _jsonable(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_jsonable(v) for v in obj]
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return None
+    if hasattr(obj, "item") and callable(obj.item):  # numpy / torch scalars
+        return _jsonable(obj.item())
+    return obj
+
+
+def atomic_write_bytes(path: Path, data: bytes) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, obj: Any) -> None:
+    atomic_write_bytes(path, (json.dumps(_jsonable(obj), indent=2) + "\n").encode())
+
+
+class CommLedger:
+    """Bytes up and down, per client (partition id or node id) and phase."""
+
+    def __init__(self) -> None:
+        self.table: dict[str, dict[str, dict[str, int]]] = defaultdict(
+            lambda: defaultdict(lambda: {"up": 0, "down": 0, "messages_up": 0, "messages_down": 0}))
+
+    def add(self, client: str, phase: str, direction: str, nbytes: int) -> None:
+        row = self.table[str(client)][phase]
+        row[direction] += int(nbytes)
+        row[f"messages_{direction}"] += 1
+
+    def totals(self) -> dict[str, Any]:
+        per_client = {
+            c: {"up_bytes": sum(p["up"] for p in phases.values()),
+                "down_bytes": sum(p["down"] for p in phases.values()),
+                "messages_up": sum(p["messages_up"] for p in phases.values()),
+                "messages_down": sum(p["messages_down"] for p in phases.values())}
+            for c, phases in self.table.items()
+        }
+        return {
+            "up_bytes": sum(v["up_bytes"] for v in per_client.values()),
+            "down_bytes": sum(v["down_bytes"] for v in per_client.values()),
+            "per_client": per_client,
+        }
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"totals": self.totals(),
+                "by_phase": {c: dict(p) for c, p in self.table.items()}}
+
+
+class RunDir:
+    """One run's folder; all writes are atomic."""
+
+    def __init__(self, root: str | Path):
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self._metrics: list[dict[str, Any]] = []
+
+    def path(self, *parts: str) -> Path:
+        p = self.root.joinpath(*parts)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+
+    def write_json(self, name: str, obj: Any) -> Path:
+        p = self.path(name)
+        atomic_write_json(p, obj)
+        return p
+
+    def log_metrics(self, record: dict[str, Any]) -> None:
+        """Append one line per round/phase; the file is rewritten whole (atomically)."""
+        self._metrics.append(_jsonable(record))
+        body = "".join(json.dumps(r) + "\n" for r in self._metrics)
+        atomic_write_bytes(self.path("metrics.jsonl"), body.encode())
+
+    @property
+    def metrics(self) -> list[dict[str, Any]]:
+        return list(self._metrics)
+
+    def save_figure(self, fig: Any, name: str) -> Path:
+        """Save a matplotlib figure under plots/ atomically."""
+        import io
+
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+        p = self.path("plots", name)
+        atomic_write_bytes(p, buf.getvalue())
+        return p
+
+    def plot_accuracy(self, name: str = "accuracy.png") -> Path | None:
+        """Accuracy per round from metrics.jsonl (global and mean client test accuracy)."""
+        rows = [r for r in self._metrics if "round" in r and "accuracy" in r]
+        if not rows:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5, 3.2))
+        ax.plot([r["round"] for r in rows], [r["accuracy"] for r in rows], "o-", label="global test")
+        client_rows = [r for r in rows if r.get("client_accuracy") is not None]
+        if client_rows:
+            ax.plot([r["round"] for r in client_rows], [r["client_accuracy"] for r in client_rows],
+                    "s--", label="clients' test (weighted)")
+        ax.set_xlabel("round")
+        ax.set_ylabel("accuracy")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        p = self.save_figure(fig, name)
+        plt.close(fig)
+        return p

@@ -1,0 +1,72 @@
+"""ServerApp: run config -> strategy from the registry -> run -> results on disk."""
+
+from __future__ import annotations
+
+import logging
+import time
+from pathlib import Path
+from typing import Any, Mapping
+
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedapp import registry
+from fedapp.config import check_data, parse_run_config
+from fedapp.results import RunDir
+
+log = logging.getLogger("fedapp")
+app = ServerApp()
+
+
+def _setup_logging() -> None:
+    if not log.handlers:
+        h = logging.StreamHandler()
+        h.setFormatter(logging.Formatter("%(levelname)s fedapp: %(message)s"))
+        log.addHandler(h)
+        log.setLevel(logging.INFO)
+        log.propagate = False
+
+
+def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Validate the config, run the chosen strategy, write the run folder; return the summary."""
+    from strategies.base import MeteredGrid, ServerRun, wait_for_nodes
+
+    _setup_logging()
+    cfg = parse_run_config(flat_config)  # a user error stops here, before any client work
+    out = RunDir(Path(cfg.out_dir) / cfg.resolved_run_name)
+    out.write_json("config.json", cfg.flat())
+    run = ServerRun(cfg=cfg, out=out, device=cfg.torch_device())
+    log.info("run %s: method=%s dataset=%s partitioner=%s -> %s", out.root.name, cfg.method,
+             cfg.dataset, cfg.partitioner, out.root)
+    nodes = wait_for_nodes(grid, cfg.min_clients)
+    check_data(cfg, len(nodes))
+    strategy = registry.strategy_class(cfg.method)(run)
+    t0 = time.time()
+    summary: dict[str, Any] = {
+        "method": cfg.method, "dataset": cfg.dataset, "partitioner": cfg.partitioner,
+        "partitioner_params": cfg.partitioner_params, "num_clients": len(nodes), "seed": cfg.seed,
+        "run_dir": str(out.root),
+    }
+    try:
+        summary["metrics"] = strategy.execute(MeteredGrid(grid, run))
+        summary["status"] = "completed"
+    except Exception as err:  # keep what we have: the summary says why it stopped
+        summary["status"] = "failed"
+        summary["error"] = f"{type(err).__name__}: {err}"
+        raise
+    finally:
+        summary["wall_seconds"] = round(time.time() - t0, 3)
+        summary["phase_seconds"] = {k: round(v, 3) for k, v in run.phase_seconds.items()}
+        summary["comm"] = run.comm()
+        summary["failures"] = run.failures
+        if getattr(strategy, "privacy", None):
+            summary["privacy"] = strategy.privacy
+        out.write_json("comm.json", {"totals": summary["comm"], "by_phase": run.ledger.as_dict()["by_phase"]})
+        out.write_json("summary.json", summary)
+        log.info("summary written to %s", out.path("summary.json"))
+    return summary
+
+
+@app.main()
+def main(grid: Grid, context: Context) -> None:
+    run_server(grid, dict(context.run_config))

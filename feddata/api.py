@@ -1,0 +1,104 @@
+"""What the app calls: a client's shard and the server's data, as pure functions of their arguments.
+
+Simulation and deployment call these in different processes and must get the same
+tensors, so every draw comes from np.random.SeedSequence over (seed, partition id, tag),
+never from Python's per-process hash or global RNG state.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+
+from .partition import Assignment, check_partitioner, partition, resolve_params
+from .sources import base_split, check_dataset, load_base
+from .types import ClientShard, ServerData, config_error
+
+
+def _check_int(key: str, value, lo: int, hi: int | None = None) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo or (hi is not None and value > hi):
+        rng = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
+        raise config_error(key, value, f"must be an int {rng}")
+    return int(value)
+
+
+@functools.lru_cache(maxsize=32)
+def _assignment(dataset: str, partitioner: str, params_key: tuple, seed: int, n: int, image_size: int) -> Assignment:
+    b = load_base(dataset, image_size)
+    return partition(b, base_split(dataset, image_size)["pool"], partitioner, dict(params_key), seed, n)
+
+
+def _resolve(dataset, partitioner, params, seed, num_partitions, image_size) -> tuple[dict, Assignment]:
+    check_dataset(dataset)
+    check_partitioner(partitioner)
+    p = resolve_params(partitioner, params)
+    seed = _check_int("seed", seed, 0)
+    n = _check_int("num-partitions", num_partitions, 1)
+    return p, _assignment(dataset, partitioner, tuple(sorted(p.items())), seed, n, image_size)
+
+
+def validate(dataset: str, partitioner: str, params: dict, num_partitions: int, seed: int = 0, image_size: int = 16) -> dict:
+    """Run every check (including dataset-dependent ones) and return the resolved params.
+    Meant for config validation before any client work starts."""
+    return _resolve(dataset, partitioner, params, seed, num_partitions, image_size)[0]
+
+
+def _train_test(rows, labels, test_fraction, cap, rng) -> tuple[np.ndarray, np.ndarray]:
+    """Stratified split; the per-class cap trims training images only."""
+    train, test = [], []
+    for c in np.unique(labels):
+        rc = rng.permutation(rows[labels == c])
+        n_test = int(round(test_fraction * len(rc)))
+        n_test = min(n_test, len(rc) - 1)  # a class the client has keeps >= 1 training image
+        test.append(rc[:n_test])
+        tr = rc[n_test:]
+        train.append(tr[: cap[int(c)]] if int(c) in cap else tr)
+    empty = np.empty(0, dtype=np.int64)
+    train = rng.permutation(np.concatenate(train)) if train else empty  # shuffled: no class runs
+    test = np.sort(np.concatenate(test)) if test else empty
+    return train, test
+
+
+def load_client_shard(
+    dataset: str,
+    partitioner: str,
+    params: dict,
+    seed: int,
+    partition_id: int,
+    num_partitions: int,
+    image_size: int = 16,
+    test_fraction: float = 0.2,
+) -> ClientShard:
+    p, a = _resolve(dataset, partitioner, params, seed, num_partitions, image_size)
+    pid = _check_int("partition-id", partition_id, 0, num_partitions - 1)
+    if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) or not 0 <= test_fraction < 1:
+        raise config_error("test-fraction", test_fraction, "must be a number in [0, 1)")
+    b = load_base(dataset, image_size)
+    rows = a.rows[pid]
+    rng = np.random.default_rng(np.random.SeedSequence([seed, pid, 11]))
+    train, test = _train_test(rows, b.y[rows], float(test_fraction), a.train_caps[pid], rng)
+    meta = {
+        **a.client_meta[pid],
+        "partition_id": pid,
+        "num_partitions": num_partitions,
+        "partitioner": partitioner,
+        "params": p,
+        "num_train": int(len(train)),
+        "num_test": int(len(test)),
+    }
+    return ClientShard(b.split(train), b.split(test), b.info, meta)
+
+
+def load_server_data(
+    dataset: str, partitioner: str, params: dict, seed: int, num_partitions: int, image_size: int = 16
+) -> ServerData:
+    p, a = _resolve(dataset, partitioner, params, seed, num_partitions, image_size)
+    b = load_base(dataset, image_size)
+    parts = base_split(dataset, image_size)
+    public = parts["public"]
+    if a.public_exclude is not None:
+        public = public[~np.isin(public, a.public_exclude)]
+    meta = {**a.server_meta, "partitioner": partitioner, "params": p, "num_public": int(len(public)),
+            "num_test": int(len(parts["test"]))}
+    return ServerData(b.split(public), b.split(parts["test"]), b.info, meta)

@@ -1,0 +1,99 @@
+"""Image-classification datasets from the Hugging Face hub or a local folder.
+
+One code path for all of them: a hub id and a local folder both end up as a
+`datasets.Dataset`, whose image and label columns are found by name (or by feature
+type), then decoded to RGB, resized and stored as uint8. All splits are concatenated;
+feddata makes its own public/test/client split.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import numpy as np
+import torch
+from PIL import Image
+
+from .builtin import DIGIT_NAMES
+from .types import BaseData, DatasetInfo, config_error
+
+HUB_ALIASES = {"cifar10": "uoft-cs/cifar10", "mnist": "ylecun/mnist"}
+IMAGE_COLUMNS = ("img", "image")
+LABEL_COLUMNS = ("label", "labels", "fine_label")
+_HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
+_ALLOWED = "a built-in name, an HF dataset id (owner/name) or a folder saved with save_to_disk or holding parquet files"
+
+
+def _is_saved_dataset(path: str) -> bool:
+    names = set(os.listdir(path))
+    return bool(names & {"dataset_dict.json", "state.json", "dataset_info.json"}) and not any(
+        n.endswith(".parquet") for n in names
+    )
+
+
+def load_hf(dataset: str):
+    """The raw `datasets.Dataset` (all splits concatenated in name order)."""
+    import datasets
+
+    target = HUB_ALIASES.get(dataset, os.path.expanduser(dataset))
+    try:
+        if os.path.isdir(target):
+            ds = datasets.load_from_disk(target) if _is_saved_dataset(target) else datasets.load_dataset(target)
+        elif dataset.startswith((".", "~", "/")) or dataset.count("/") > 1:
+            raise config_error("dataset", dataset, f"no such folder; allowed: {_ALLOWED}")
+        elif not _HUB_ID.match(target):
+            raise config_error("dataset", dataset, f"not a dataset name; allowed: {_ALLOWED}")
+        else:
+            ds = datasets.load_dataset(target)
+    except ValueError:
+        raise
+    except Exception as e:  # no network, no such repo, unreadable folder: one line for the user
+        msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        raise config_error("dataset", dataset, f"could not load ({type(e).__name__}: {msg[:200]}); allowed: {_ALLOWED}") from e
+    if isinstance(ds, datasets.DatasetDict):
+        ds = datasets.concatenate_datasets([ds[k] for k in sorted(ds)])
+    return ds
+
+
+def _find_column(ds, names: tuple[str, ...], feature_type, what: str, dataset: str) -> str:
+    for name in names:
+        if name in ds.column_names:
+            return name
+    for name, feat in ds.features.items():
+        if isinstance(feat, feature_type):
+            return name
+    raise config_error("dataset", dataset, f"no {what} column (looked for {'/'.join(names)}); columns: {ds.column_names}")
+
+
+def _to_rgb(img, size: int) -> np.ndarray:
+    if not isinstance(img, Image.Image):
+        img = Image.fromarray(np.asarray(img))
+    return np.asarray(img.convert("RGB").resize((size, size), Image.BILINEAR), dtype=np.uint8)
+
+
+def decode(dataset: str, image_size: int) -> BaseData:
+    """Load, find columns, convert every image to (3, size, size) uint8."""
+    import datasets
+
+    ds = load_hf(dataset)
+    img_col = _find_column(ds, IMAGE_COLUMNS, datasets.Image, "image", dataset)
+    lab_col = _find_column(ds, LABEL_COLUMNS, datasets.ClassLabel, "label", dataset)
+    raw = np.asarray(ds[lab_col])
+    feat = ds.features[lab_col]
+    if isinstance(feat, datasets.ClassLabel):
+        names, y = list(feat.names), raw.astype(np.int64)
+    else:  # plain values: number them in sorted order so ids are stable
+        values, y = np.unique(raw, return_inverse=True)
+        names, y = [str(v) for v in values], y.astype(np.int64)
+    if dataset == "mnist":  # "0".."9" -> words, so prompts read "a photo of the digit three"
+        names = list(DIGIT_NAMES)
+    imgs = np.empty((len(ds), image_size, image_size, 3), dtype=np.uint8)
+    i = 0
+    for batch in ds.select_columns([img_col]).iter(batch_size=512):
+        for img in batch[img_col]:
+            imgs[i] = _to_rgb(img, image_size)
+            i += 1
+    x = torch.from_numpy(imgs).permute(0, 3, 1, 2).contiguous()
+    info = DatasetInfo(dataset, len(names), names, {}, image_size)
+    return BaseData(x, y, {}, np.arange(len(y), dtype=np.int64), info)

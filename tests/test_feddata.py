@@ -1,0 +1,403 @@
+"""feddata: sources, splits and partitioners, checked on values."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # when the project is not pip-installed, pytest only puts tests/ on the path
+    sys.path.insert(0, str(ROOT))
+
+import feddata as fd  # noqa: E402
+from feddata import api, sources  # noqa: E402
+from feddata.preview import save_grid  # noqa: E402
+
+BUILTINS = ["digits", "digit-styles", "colored-digits"]
+
+
+def shards(dataset, partitioner, params, n, seed=0, **kw):
+    return [fd.load_client_shard(dataset, partitioner, params, seed, k, n, **kw) for k in range(n)]
+
+
+def rows_of(shard) -> np.ndarray:
+    return np.concatenate([shard.train.index.numpy(), shard.test.index.numpy()])
+
+
+def assert_disjoint_cover(row_sets, expected):
+    allrows = np.concatenate(row_sets)
+    assert len(allrows) == len(np.unique(allrows)), "a sample is on two clients"
+    if expected is not None:
+        assert np.array_equal(np.sort(allrows), np.sort(expected)), "clients do not cover the pool"
+
+
+def digest(shard) -> str:
+    h = hashlib.sha256()
+    for s in (shard.train, shard.test):
+        for t in (s.x, s.y, s.index, *[s.attrs[k] for k in sorted(s.attrs)]):
+            h.update(t.numpy().tobytes())
+    return h.hexdigest()
+
+
+def entropy(labels: np.ndarray) -> float:
+    p = np.bincount(labels) / len(labels)
+    p = p[p > 0]
+    return float(-(p * np.log(p)).sum())
+
+
+# ---------------------------------------------------------------- built-in sources
+
+
+@pytest.mark.parametrize("dataset", BUILTINS)
+def test_builtin_shapes_range_attrs(dataset):
+    shard = fd.load_client_shard(dataset, "iid", {}, 0, 0, 4)
+    server = fd.load_server_data(dataset, "iid", {}, 0, 4)
+    info = fd.dataset_info(dataset)
+    assert info == shard.info == server.info
+    assert info.num_classes == 10 and info.class_names[3] == "three" and info.image_size == 16
+    for s in (shard.train, shard.test, server.public, server.test):
+        assert s.x.dtype == torch.float32 and s.x.shape[1:] == (3, 16, 16) and len(s) > 0
+        assert s.y.dtype == torch.int64 and s.y.shape == (len(s),)
+        assert float(s.x.min()) >= -1.0 and float(s.x.max()) <= 1.0
+        assert set(s.attrs) == set(info.attributes)
+        for name, values in info.attributes.items():
+            assert s.attrs[name].dtype == torch.int64
+            assert 0 <= int(s.attrs[name].min()) and int(s.attrs[name].max()) < len(values)
+    # the full range is used: black/white or saturated pixels exist
+    assert float(server.test.x.min()) == -1.0 and float(server.test.x.max()) == 1.0
+    if dataset == "colored-digits":
+        assert len(info.attributes["color"]) >= 5
+        assert torch.equal(server.test.attrs["digit"], server.test.y)
+
+
+def test_image_size_is_configurable():
+    shard = fd.load_client_shard("digits", "iid", {}, 0, 1, 3, image_size=32)
+    assert shard.train.x.shape[1:] == (3, 32, 32) and shard.info.image_size == 32
+    # digits is grey replicated to RGB
+    assert torch.equal(shard.train.x[:, 0], shard.train.x[:, 2])
+
+
+@pytest.mark.parametrize("dataset", BUILTINS)
+def test_public_test_pool_disjoint_by_source(dataset):
+    parts = fd.base_split(dataset)
+    base = sources.load_base(dataset, 16)
+    src = {k: set(base.source[v].tolist()) for k, v in parts.items()}
+    assert not src["public"] & src["test"] and not src["public"] & src["pool"] and not src["test"] & src["pool"]
+    assert np.array_equal(np.sort(np.concatenate(list(parts.values()))), np.arange(len(base)))
+    n_src = len(np.unique(base.source))
+    assert abs(len(src["public"]) / n_src - 0.15) < 0.01 and abs(len(src["test"]) / n_src - 0.15) < 0.01
+    server = fd.load_server_data(dataset, "iid", {}, 0, 4)
+    assert np.array_equal(np.sort(server.public.index.numpy()), parts["public"])
+    assert np.array_equal(np.sort(server.test.index.numpy()), parts["test"])
+
+
+def test_digit_styles_domains_differ():
+    base = sources.load_base("digit-styles", 16)
+    x = base.x.float() / 127.5 - 1
+    n = len(base) // 4
+    assert np.array_equal(base.source[:n], base.source[n : 2 * n])  # domain-major, same sources
+    for a in range(4):
+        for b in range(a + 1, 4):
+            mad = float((x[a * n : (a + 1) * n] - x[b * n : (b + 1) * n]).abs().mean())
+            assert mad > 0.3, (fd.DOMAINS[a], fd.DOMAINS[b], mad)
+    photo, sketch, clipart, quick = (x[d * n : (d + 1) * n] for d in range(4))
+    assert float(sketch[:, :, 0, 0].mean()) > 0.9  # white paper in the corner
+    assert float(quick[:, :, 0, 0].mean()) > 0.7  # light paper
+    assert float(photo[:, :, :4, :4].std(dim=(2, 3)).mean()) > 0.05  # textured background
+    assert float(clipart[:, :, :3, 0].std(dim=2).mean()) < 0.01  # flat background
+
+
+# ---------------------------------------------------------------- partitions
+
+
+@pytest.mark.parametrize(
+    "dataset,partitioner,params,n",
+    [
+        ("digits", "iid", {}, 4),
+        ("digit-styles", "iid", {}, 3),
+        ("digits", "dirichlet", {"alpha": 0.3}, 5),
+        ("colored-digits", "dirichlet", {"alpha": 1.0}, 4),
+        ("digits", "pathological", {"classes-per-client": 2}, 10),
+        ("digits", "minority", {}, 4),
+    ],
+)
+def test_partitions_disjoint_and_cover_pool(dataset, partitioner, params, n):
+    ss = shards(dataset, partitioner, params, n)
+    for s in ss:
+        assert not set(s.train.index.tolist()) & set(s.test.index.tolist())
+    assert_disjoint_cover([rows_of(s) for s in ss], fd.base_split(dataset)["pool"])
+
+
+def test_client_train_test_split_is_stratified():
+    s = fd.load_client_shard("digits", "iid", {}, 0, 0, 2, test_fraction=0.25)
+    for c in range(10):
+        n_tr, n_te = int((s.train.y == c).sum()), int((s.test.y == c).sum())
+        assert abs(n_te - 0.25 * (n_tr + n_te)) <= 0.5
+    assert len(fd.load_client_shard("digits", "iid", {}, 0, 0, 2, test_fraction=0.0).test) == 0
+
+
+def test_deterministic_across_calls_and_seeds():
+    a = fd.load_client_shard("colored-digits", "dirichlet", {"alpha": 0.5}, 3, 1, 4)
+    api._assignment.cache_clear()
+    sources.load_base.cache_clear()
+    sources.base_split.cache_clear()
+    b = fd.load_client_shard("colored-digits", "dirichlet", {"alpha": 0.5}, 3, 1, 4)
+    assert torch.equal(a.train.x, b.train.x) and torch.equal(a.test.index, b.test.index)
+    assert all(torch.equal(a.train.attrs[k], b.train.attrs[k]) for k in a.train.attrs)
+    c = fd.load_client_shard("colored-digits", "dirichlet", {"alpha": 0.5}, 4, 1, 4)
+    assert not torch.equal(a.train.index.sort().values, c.train.index.sort().values)
+    # the public/test split does not depend on the run seed (a cached prior stays valid)
+    s3 = fd.load_server_data("colored-digits", "iid", {}, 3, 4)
+    s4 = fd.load_server_data("colored-digits", "iid", {}, 4, 4)
+    assert torch.equal(s3.public.index, s4.public.index)
+
+
+def test_deterministic_across_processes():
+    code = (
+        "import hashlib, feddata as fd\n"
+        "s = fd.load_client_shard('digit-styles', 'domain', {'per-class': 16}, 5, 2, 4)\n"
+        "h = hashlib.sha256()\n"
+        "for p in (s.train, s.test):\n"
+        "    for t in (p.x, p.y, p.index, *[p.attrs[k] for k in sorted(p.attrs)]):\n"
+        "        h.update(t.numpy().tobytes())\n"
+        "print(h.hexdigest())\n"
+    )
+    env = dict(os.environ, PYTHONPATH=str(ROOT), PYTHONHASHSEED="12345")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert out.returncode == 0, out.stderr[-2000:]
+    here = fd.load_client_shard("digit-styles", "domain", {"per-class": 16}, 5, 2, 4)
+    assert out.stdout.strip() == digest(here)
+
+
+def test_dirichlet_skew_grows_as_alpha_falls():
+    def mean_entropy(alpha):
+        ss = shards("digits", "dirichlet", {"alpha": alpha}, 5, seed=1)
+        return np.mean([entropy(rows_labels(s)) for s in ss])
+
+    def rows_labels(s):
+        return np.concatenate([s.train.y.numpy(), s.test.y.numpy()])
+
+    low, high = mean_entropy(0.05), mean_entropy(100.0)
+    assert low < high - 0.5, (low, high)
+    assert high > 0.95 * np.log(10)  # alpha=100 is close to uniform
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_pathological_clients_hold_exactly_k_classes(k):
+    for s in shards("digits", "pathological", {"classes-per-client": k}, 10):
+        classes = np.unique(np.concatenate([s.train.y.numpy(), s.test.y.numpy()]))
+        assert len(classes) == k and s.meta["classes"] == classes.tolist()
+
+
+def test_domain_partitioner_one_domain_per_client_and_per_class_cap():
+    ss = shards("digit-styles", "domain", {"per-class": 16}, 4)
+    for k, s in enumerate(ss):
+        assert s.meta["domain"] == fd.DOMAINS[k]
+        assert set(s.train.attrs["domain"].tolist()) == {k} and set(s.test.attrs["domain"].tolist()) == {k}
+        assert torch.equal(torch.bincount(s.train.y, minlength=10), torch.full((10,), 16))
+        assert len(s.test) > 0
+    # no source image reaches two clients, even in different styles
+    src = [set(torch.cat([s.train.source, s.test.source]).tolist()) for s in ss]
+    assert all(not src[a] & src[b] for a in range(4) for b in range(a + 1, 4))
+    # more clients than domains: client k gets domain k mod 4
+    ss6 = shards("digit-styles", "domain", {}, 6)
+    assert [int(s.train.attrs["domain"][0]) for s in ss6] == [0, 1, 2, 3, 0, 1]
+    assert_disjoint_cover([rows_of(s) for s in ss6], None)
+
+
+@pytest.mark.parametrize("split", ["iid", "non-iid"])
+@pytest.mark.parametrize("coverage", [0.5, 0.25])
+def test_attribute_holdout_novel_pairs_on_no_client(split, coverage):
+    params = {"coverage": coverage, "split": split}
+    ss = shards("colored-digits", "attribute-holdout", params, 4)
+    server = fd.load_server_data("colored-digits", "attribute-holdout", params, 0, 4)
+    n_c = len(fd.COLORS)
+    seen = {tuple(p) for p in server.meta["seen_pairs"]}
+    novel = {tuple(p) for p in server.meta["novel_pairs"]}
+    assert len(seen) == round(coverage * 10 * n_c) and len(seen) + len(novel) == 10 * n_c and not seen & novel
+    assert {d for d, _ in seen} == set(range(10)) and {c for _, c in seen} == set(range(n_c))
+
+    def pairs(split_):
+        return set(zip(split_.attrs["digit"].tolist(), split_.attrs["color"].tolist()))
+
+    held = set()
+    for s in ss:
+        p = pairs(s.train) | pairs(s.test)
+        assert not p & novel
+        assert p <= {tuple(q) for q in s.meta["seen_pairs"]}
+        held |= p
+    assert held == seen
+    assert not pairs(server.public) & novel  # a prior pre-trained on public never saw them
+    assert novel <= pairs(server.test)  # they are there to evaluate composition
+    assert_disjoint_cover([rows_of(s) for s in ss], None)
+    if split == "non-iid":  # each client holds its own few pairs
+        client_pairs = [{tuple(q) for q in s.meta["seen_pairs"]} for s in ss]
+        assert all(not client_pairs[a] & client_pairs[b] for a in range(4) for b in range(a + 1, 4))
+        assert all(len(cp) < len(seen) for cp in client_pairs)
+
+
+def test_minority_counts():
+    ss = shards("digits", "minority", {"minority-classes": 2, "minority-fraction": 0.1}, 4)
+    meta = ss[0].meta
+    minority, majority = meta["minority_classes"], meta["majority_classes"]
+    assert len(minority) == 2 and sorted(minority + majority) == list(range(10))
+    assert ss[1].meta["minority_classes"] == minority  # the same choice everywhere
+
+    def counts(s):
+        return np.bincount(np.concatenate([s.train.y.numpy(), s.test.y.numpy()]), minlength=10)
+
+    c0 = counts(ss[0])
+    major = c0[majority].mean()
+    assert all(c0 > 0)  # client 0 has every class
+    assert all(c0[minority] == max(1, round(0.1 * major)))
+    for s in ss[1:]:  # the others hold the minority classes normally
+        c = counts(s)
+        assert c[minority].min() >= 0.8 * c[majority].mean()
+    capped = fd.load_client_shard("digits", "minority", {"per-class": 16, "minority-fraction": 0.25}, 0, 0, 4)
+    tc = torch.bincount(capped.train.y, minlength=10)
+    mino = capped.meta["minority_classes"]
+    assert all(int(tc[c]) == 4 for c in mino) and all(int(tc[c]) == 16 for c in range(10) if c not in mino)
+
+
+# ---------------------------------------------------------------- errors
+
+
+def _call(dataset="digits", partitioner="iid", params=None, seed=0, pid=0, n=4, size=16, tf=0.2):
+    return fd.load_client_shard(dataset, partitioner, params or {}, seed, pid, n, image_size=size, test_fraction=tf)
+
+
+@pytest.mark.parametrize(
+    "kwargs,key",
+    [
+        (dict(partitioner="zzz"), "partitioner=zzz"),
+        (dict(dataset="not a dataset!"), "dataset=not a dataset!"),
+        (dict(dataset="/no/such/folder"), "dataset=/no/such/folder"),
+        (dict(partitioner="dirichlet", params={"alpha": -1}), "partitioner.alpha=-1: must be > 0"),
+        (dict(partitioner="dirichlet", params={"alpha": "lots"}), "partitioner.alpha=lots"),
+        (dict(partitioner="dirichlet", params={"beta": 1}), "partitioner.beta=1"),
+        (dict(partitioner="pathological", params={"classes-per-client": 11}), "partitioner.classes-per-client=11"),
+        (dict(partitioner="pathological", params={"classes-per-client": 1.5}), "partitioner.classes-per-client=1.5"),
+        (dict(dataset="colored-digits", partitioner="attribute-holdout", params={"coverage": 0}), "partitioner.coverage=0"),
+        (dict(dataset="colored-digits", partitioner="attribute-holdout", params={"coverage": 0.1}), "partitioner.coverage=0.1"),
+        (dict(dataset="colored-digits", partitioner="attribute-holdout", params={"split": "x"}), "partitioner.split=x"),
+        (dict(partitioner="minority", params={"minority-classes": 10}), "partitioner.minority-classes=10"),
+        (dict(partitioner="minority", params={"minority-fraction": 1.5}), "partitioner.minority-fraction=1.5"),
+        (dict(params={"per-class": -1}), "partitioner.per-class=-1"),
+        (dict(partitioner="domain"), "partitioner=domain"),
+        (dict(partitioner="attribute-holdout"), "partitioner=attribute-holdout"),
+        (dict(pid=4), "partition-id=4"),
+        (dict(n=0, pid=0), "num-partitions=0"),
+        (dict(size=3), "image-size=3"),
+        (dict(seed=-1), "seed=-1"),
+        (dict(tf=1.0), "test-fraction=1.0"),
+    ],
+)
+def test_bad_values_give_one_line_error_naming_the_key(kwargs, key):
+    with pytest.raises(ValueError, match=re.escape(key)) as e:
+        _call(**kwargs)
+    assert "\n" not in str(e.value)
+
+
+def test_params_resolved_with_defaults_and_types():
+    assert set(fd.PARTITIONER_PARAMS) == set(fd.PARTITIONERS)
+    assert all("per-class" in spec for spec in fd.PARTITIONER_PARAMS.values())
+    p = fd.resolve_params("dirichlet", {"alpha": 1, "partitioner.min-partition-size": "5"})
+    assert p == {"alpha": 1.0, "min-partition-size": 5, "per-class": 0} and isinstance(p["alpha"], float)
+    assert fd.resolve_params("attribute-holdout", {}) == {"coverage": 0.5, "split": "iid", "per-class": 0}
+    assert fd.validate("digit-styles", "domain", {"per-class": 16}, 4)["per-class"] == 16
+    with pytest.raises(ValueError, match="partitioner=domain"):
+        fd.validate("colored-digits", "domain", {}, 4)
+
+
+# ---------------------------------------------------------------- hub / local folder
+
+
+@pytest.fixture(scope="module")
+def tiny_hf(tmp_path_factory):
+    """60 random images (mixed sizes, some greyscale), 3 labels, saved two ways."""
+    import datasets
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("tinyhf")
+    rng = np.random.default_rng(0)
+    imgs = [
+        Image.fromarray(rng.integers(0, 256, (12, 12), dtype=np.uint8), "L")
+        if i % 5 == 0
+        else Image.fromarray(rng.integers(0, 256, (20, 24, 3), dtype=np.uint8))
+        for i in range(60)
+    ]
+    feats = datasets.Features({"img": datasets.Image(), "label": datasets.ClassLabel(names=["cat", "dog", "fox"])})
+    ds = datasets.Dataset.from_dict({"img": imgs, "label": [i % 3 for i in range(60)]}, features=feats)
+    datasets.disable_progress_bars()
+    datasets.DatasetDict({"train": ds.select(range(40)), "test": ds.select(range(40, 60))}).save_to_disk(root / "saved")
+    (root / "pq").mkdir()
+    ds.rename_columns({"img": "image", "label": "labels"}).to_parquet(str(root / "pq" / "train.parquet"))
+    return root
+
+
+@pytest.mark.parametrize("kind", ["saved", "pq"])
+def test_hub_path_on_local_folder(tiny_hf, kind, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tiny_hf / "cache"))
+    path = str(tiny_hf / kind)
+    info = fd.dataset_info(path, image_size=8)
+    assert info.class_names == ["cat", "dog", "fox"] and info.num_classes == 3 and info.attributes == {}
+    ss = shards(path, "iid", {}, 2, image_size=8)
+    server = fd.load_server_data(path, "iid", {}, 0, 2, image_size=8)
+    for s in (ss[0].train, ss[1].test, server.public, server.test):
+        assert s.x.shape[1:] == (3, 8, 8) and s.x.dtype == torch.float32
+        assert float(s.x.min()) >= -1 and float(s.x.max()) <= 1
+        assert set(s.y.tolist()) <= {0, 1, 2}
+    assert len(server.public) == len(server.test) == 9  # 15% of 20 per class, rounded, x 3 classes
+    assert_disjoint_cover([rows_of(s) for s in ss] + [server.public.index.numpy(), server.test.index.numpy()],
+                          np.arange(60))
+    # pixels are the source pixels resized: label 0 rows hold the greyscale images, equal channels
+    grey = server.test.subset(server.test.index % 5 == 0)
+    assert torch.equal(grey.x[:, 0], grey.x[:, 1])
+    assert digest(fd.load_client_shard(path, "dirichlet", {"alpha": 1.0, "min-partition-size": 1}, 0, 1, 2,
+                                       image_size=8)) != digest(ss[1])
+
+
+def test_hub_folder_without_images_is_a_clear_error(tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    datasets.Dataset.from_dict({"text": ["a", "b"], "label": [0, 1]}).save_to_disk(tmp_path / "txt")
+    with pytest.raises(ValueError, match=r"dataset=.*no image column"):
+        fd.dataset_info(str(tmp_path / "txt"))
+
+
+# ---------------------------------------------------------------- misc
+
+
+def test_split_subset_and_preview(tmp_path):
+    s = fd.load_client_shard("colored-digits", "iid", {}, 0, 0, 4).train
+    sub = s.subset(torch.arange(20))
+    assert len(sub) == 20 and torch.equal(sub.attrs["color"], s.attrs["color"][:20]) and torch.equal(sub.index, s.index[:20])
+    path = save_grid(sub, tmp_path / "grid.png", nrow=5)
+    from PIL import Image
+
+    data = Path(path).read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 500
+    with Image.open(path) as im:
+        assert im.size == (5 * 33 + 1, 4 * 33 + 1)  # 16 px upscaled to 32, 1 px gaps
+        assert len(set(np.asarray(im.convert("RGB")).reshape(-1, 3)[:, 0].tolist())) > 2
+
+
+def test_cached_call_is_cheap():
+    fd.load_client_shard("digit-styles", "domain", {"per-class": 16}, 0, 0, 4)
+    t = time.perf_counter()
+    for k in range(4):
+        fd.load_client_shard("digit-styles", "domain", {"per-class": 16}, 0, k, 4)
+    fd.load_server_data("digit-styles", "domain", {"per-class": 16}, 0, 4)
+    assert time.perf_counter() - t < 1.0

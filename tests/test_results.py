@@ -1,0 +1,27 @@
+"""Run folder writes are atomic and complete."""
+
+import json
+
+import pytest
+
+from fedapp.results import RunDir, atomic_write_json
+
+
+def test_atomic_write_leaves_old_file_when_serialisation_fails(tmp_path):
+    p = tmp_path / "summary.json"
+    atomic_write_json(p, {"a": 1})
+    with pytest.raises(TypeError):
+        atomic_write_json(p, {"a": object()})
+    assert json.loads(p.read_text()) == {"a": 1}
+    assert [f.name for f in tmp_path.iterdir()] == ["summary.json"]  # no temp files left
+
+
+def test_metrics_jsonl_and_plot(tmp_path):
+    run = RunDir(tmp_path / "r")
+    for r in range(3):
+        run.log_metrics({"round": r, "accuracy": 0.5 + 0.1 * r, "nan": float("nan")})
+    lines = (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()
+    assert [json.loads(line)["round"] for line in lines] == [0, 1, 2]
+    assert json.loads(lines[0])["nan"] is None  # NaN is written as null, valid JSON
+    png = run.plot_accuracy()
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,0 +1,162 @@
+"""DDIM step/inversion equations, their agreement with diffusers, and Z-sampling's evaluation count.
+
+All models here are tiny random networks (never the cached trained prior)."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+from diffusers import DDIMScheduler
+
+from fedapp.models import samplers
+from fedapp.models.prior import Prior
+from fedapp.models.samplers import expected_unet_evals
+from fedapp.models.tiny_prior import TEST_CONFIG, random_tiny_prior
+
+PROMPT = "a photo of the digit three"
+SD_SCHEDULE = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, set_alpha_to_one=False,
+                   steps_offset=1, clip_sample=False)
+PIXEL_SCHEDULE = dict(beta_schedule="linear", beta_start=1e-4, beta_end=0.02, set_alpha_to_one=True,
+                      steps_offset=0, clip_sample=True)
+
+
+@pytest.fixture(scope="module")
+def base():
+    return random_tiny_prior(TEST_CONFIG, clip_sample=False)
+
+
+def with_schedule(p: Prior, **schedule) -> Prior:
+    return Prior(p.tokenizer, p.text_encoder, p.unet, DDIMScheduler(num_train_timesteps=1000, **schedule))
+
+
+@pytest.mark.parametrize("schedule", [SD_SCHEDULE, PIXEL_SCHEDULE], ids=["sd", "pixel-clipped"])
+@pytest.mark.parametrize("num_steps", [10, 25])
+def test_ddim_matches_diffusers_step_for_step(base, schedule, num_steps):
+    p = with_schedule(base, **schedule)
+    ref = DDIMScheduler(num_train_timesteps=1000, **schedule)
+    ref.set_timesteps(num_steps)
+    assert torch.equal(p.timesteps(num_steps), ref.timesteps)
+    z = torch.randn(3, *p.latent_shape, generator=torch.Generator().manual_seed(0))
+    ours, theirs = z.clone(), z.clone()
+    cond = p.encode_prompts([PROMPT] * 3)
+    stride = 1000 // num_steps
+    with torch.no_grad():
+        for t in ref.timesteps:
+            eps_o = p.predict_noise(ours, int(t), cond, guidance=3.0)
+            eps_t = p.predict_noise(theirs, int(t), cond, guidance=3.0)
+            ours = p.ddim_step(ours, eps_o, int(t), int(t) - stride)
+            theirs = ref.step(eps_t, t, theirs, eta=0.0).prev_sample
+            assert torch.allclose(ours, theirs, atol=1e-6, rtol=1e-5), int(t)
+
+
+def test_add_noise_matches_diffusers(base):
+    ref = DDIMScheduler(num_train_timesteps=1000, **PIXEL_SCHEDULE)
+    x0, eps = torch.randn(4, 3, 16, 16), torch.randn(4, 3, 16, 16)
+    t = torch.tensor([0, 10, 500, 999])
+    assert torch.allclose(base.add_noise(x0, eps, t), ref.add_noise(x0, eps, t), atol=1e-6)
+
+
+def test_inversion_step_is_exact_inverse_for_fixed_eps(base):
+    # the two equations alone: DDIM^-1(DDIM(z, eps), eps) = z when both use the same eps
+    z = torch.randn(2, 3, 16, 16)
+    eps = torch.randn(2, 3, 16, 16)
+    for t, t_prev in [(980, 960), (500, 480), (20, 0), (0, -20)]:
+        back = base.ddim_invert_step(base.ddim_step(z, eps, t, t_prev), eps, t_prev, t)
+        assert torch.allclose(back, z, atol=1e-4 if t > 900 else 1e-5), (t, t_prev)
+
+
+def test_invert_then_denoise_returns_start_on_random_unet(base):
+    """Tolerance: max |z0' - z0| < 2e-2 with 50 steps, SD schedule, guidance 1, on a tiny random UNet
+    whose output layer is scaled by 0.01 (an untrained UNet's eps jumps between timesteps; a trained
+    one varies slowly, which is what DDIM inversion assumes). The error also shrinks with more steps."""
+    p = with_schedule(base, **SD_SCHEDULE)
+    unet = p.unet
+    saved = [unet.conv_out.weight.clone(), unet.conv_out.bias.clone()]
+    with torch.no_grad():
+        unet.conv_out.weight.mul_(0.01), unet.conv_out.bias.mul_(0.01)
+    try:
+        z0 = torch.rand(4, 3, 16, 16, generator=torch.Generator().manual_seed(1)) * 2 - 1
+        cond = p.encode_prompts([PROMPT] * 4)
+        errs = {}
+        for n in (25, 50):
+            zT = samplers.ddim_invert_loop(p, z0, cond, n)
+            out = p.sample(zT, cond, num_steps=n, guidance=1.0)
+            errs[n] = (out.latents - z0).abs().max().item()
+            assert out.unet_evals == n
+        assert errs[50] < 2e-2
+        assert errs[50] < errs[25]
+    finally:
+        with torch.no_grad():
+            unet.conv_out.weight.copy_(saved[0]), unet.conv_out.bias.copy_(saved[1])
+
+
+class GaussianDenoiser(torch.nn.Module):
+    """The exact eps-predictor for data ~ N(mu, s^2 I): eps*(z, t) = sqrt(1-abar)(z - sqrt(abar) mu)/(abar s^2 + 1 - abar).
+    Its probability-flow ODE is smooth, so DDIM inversion error is pure discretisation error."""
+
+    def __init__(self, abar, mu=0.3, s=0.5):
+        super().__init__()
+        self.abar, self.mu, self.s = abar, mu, s
+        self.config = SimpleNamespace(sample_size=16, in_channels=3, cross_attention_dim=32)
+
+    def forward(self, z, t, encoder_hidden_states=None):
+        a = self.abar[t].view(-1, 1, 1, 1)
+        eps = (1 - a).sqrt() * (z - a.sqrt() * self.mu) / (a * self.s**2 + 1 - a)
+        return SimpleNamespace(sample=eps)
+
+
+def test_invert_then_denoise_on_exact_denoiser_pixel_schedule(base):
+    """Pixel schedule (linear betas, abar_T ~ 4e-5) on the exact denoiser: the round-trip error is
+    DDIM's first-order discretisation error, so it halves when the steps double; tolerance: max
+    error < 2.5e-2 at 500 steps (measured 0.198 / 0.102 / 0.021 at 50 / 100 / 500 steps)."""
+    sched = DDIMScheduler(num_train_timesteps=1000, **{**PIXEL_SCHEDULE, "clip_sample": False})
+    p = Prior(base.tokenizer, base.text_encoder, GaussianDenoiser(sched.alphas_cumprod), sched)
+    z0 = 0.3 + 0.5 * torch.randn(4, 3, 16, 16, generator=torch.Generator().manual_seed(2))
+    cond = p.encode_prompts([PROMPT] * 4)
+    errs = {}
+    for n in (50, 100, 500):
+        zT = samplers.ddim_invert_loop(p, z0, cond, n)
+        assert abs(zT.std().item() - 1) < 0.1  # inverted to (near) standard noise
+        errs[n] = (p.sample(zT, cond, num_steps=n, guidance=1.0).latents - z0).abs().max().item()
+    assert errs[100] < 0.6 * errs[50]
+    assert errs[500] < 2.5e-2
+
+
+@pytest.mark.parametrize("num_steps,zigzag_t,g1,g2", [
+    (25, 800, 4.0, 0.0), (10, 500, 4.0, 2.0), (8, 300, 3.0, 1.0), (5, 0, 1.0, 0.0), (10, 1000, 4.0, 0.0)])
+def test_zigzag_spends_exactly_the_scheduled_evals(base, num_steps, zigzag_t, g1, g2):
+    out = base.sample(3, PROMPT, num_steps=num_steps, guidance=g1, sampler="zigzag", zigzag_t=zigzag_t, gamma2=g2,
+                      generator=torch.Generator().manual_seed(0))
+    assert out.unet_evals == expected_unet_evals(num_steps, zigzag_t, g1, g2)
+    assert out.images.shape == (3, 3, 16, 16) and torch.isfinite(out.images).all()
+
+
+def test_zigzag_schedule_arithmetic():
+    # 25 leading steps: 960, 920, 880, 840 are > 800 -> 4 zigzags of (gamma2 pass 1 + gamma1 pass 2)
+    assert expected_unet_evals(25, None, 4.0) == 50
+    assert expected_unet_evals(25, 800, 4.0, 0.0) == 50 + 4 * 3
+    assert expected_unet_evals(25, 800, 4.0, 2.0) == 50 + 4 * 4
+    assert expected_unet_evals(25, 999, 4.0, 0.0) == 50  # T_z >= T: Z-sampling is DDIM
+
+
+def test_zigzag_with_tz_above_T_equals_ddim(base):
+    noise = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(3))
+    ddim = base.sample(noise, PROMPT, num_steps=10, guidance=3.0, sampler="ddim")
+    zz = base.sample(noise, PROMPT, num_steps=10, guidance=3.0, sampler="zigzag", zigzag_t=1000)
+    assert zz.unet_evals == ddim.unet_evals == expected_unet_evals(10, None, 3.0)
+    assert torch.equal(zz.latents, ddim.latents)
+    zz2 = base.sample(noise, PROMPT, num_steps=10, guidance=3.0, sampler="zigzag", zigzag_t=800)
+    assert zz2.unet_evals > ddim.unet_evals and not torch.equal(zz2.latents, ddim.latents)
+
+
+def test_guidance_combines_branches(base):
+    z = torch.randn(2, 3, 16, 16)
+    c = base.encode_prompts([PROMPT, "a photo of the digit one"])
+    u = base.null_condition(2)
+    rows = base.unet_rows
+    eps_c = base.predict_noise(z, 500, c, guidance=1.0)
+    assert base.unet_rows - rows == 2  # guidance 1: one conditional pass
+    eps_u = base.predict_noise(z, 500, c, guidance=0.0)
+    eps_g = base.predict_noise(z, 500, c, guidance=5.0)
+    assert torch.allclose(eps_u, base.predict_noise(z, 500, u, guidance=1.0), atol=1e-6)
+    assert torch.allclose(eps_g, eps_u + 5.0 * (eps_c - eps_u), atol=1e-5)

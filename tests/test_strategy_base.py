@@ -1,0 +1,95 @@
+"""Server-side upload validation and byte accounting (no simulation needed)."""
+
+import numpy as np
+import pytest
+import torch
+from flwr.supercore.task_identity import TaskIdentity
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from fedapp.config import parse_run_config
+from fedapp.results import RunDir
+from strategies.base import MeteredGrid, ServerRun, check_arrays, record_nbytes
+from strategies.fedavg import FedAvgStrategy
+
+
+@pytest.fixture(autouse=True)
+def _inside_a_run():
+    # Flower stamps new messages with the running task's identity; tests have none.
+    old = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
+
+
+def _reply(node: int, arrays: dict, n: int = 10) -> Message:
+    content = RecordDict({"arrays": ArrayRecord(arrays), "metrics": MetricRecord({"num-examples": n}),
+                          "client": ConfigRecord({"partition-id": node})})
+    reply = Message(content, dst_node_id=0, message_type="train")
+    reply.metadata._src_node_id = node  # as the SuperLink sets it on a reply
+    return reply
+
+
+def test_check_arrays_catches_nan_shape_keys_and_size():
+    good = ArrayRecord({"w": torch.zeros(2, 3)})
+    assert check_arrays(good, {"w": (2, 3)}) is None
+    assert "non-finite" in check_arrays(ArrayRecord({"w": torch.full((2, 3), float("nan"))}), {"w": (2, 3)})
+    assert "shape" in check_arrays(ArrayRecord({"w": torch.zeros(3, 2)}), {"w": (2, 3)})
+    assert "wrong keys" in check_arrays(ArrayRecord({"v": torch.zeros(2, 3)}), {"w": (2, 3)})
+    assert "exceeds" in check_arrays(good, {"w": (2, 3)}, max_bytes=8)
+    assert check_arrays(ArrayRecord({"w": torch.zeros(5, 3)}), {"w": (None, 3)}) is None
+
+
+def test_nan_and_misshaped_uploads_are_dropped_not_aggregated(tmp_path):
+    cfg = parse_run_config({"min-clients": 1, "out-dir": str(tmp_path)})
+    run = ServerRun(cfg=cfg, out=RunDir(tmp_path / "r"))
+    strat = FedAvgStrategy(run)
+    strat._expected = {"w": (2,)}
+    replies = [
+        _reply(1, {"w": torch.tensor([1.0, 1.0])}),
+        _reply(2, {"w": torch.tensor([3.0, 3.0])}),
+        _reply(3, {"w": torch.tensor([float("nan"), 0.0])}),
+        _reply(4, {"w": torch.zeros(3)}),
+    ]
+    arrays, _ = strat.aggregate_train(1, replies)
+    np.testing.assert_allclose(arrays["w"].numpy(), [2.0, 2.0])  # mean of the two good ones
+    dropped = {f["node_id"]: f["reason"] for f in run.failures}
+    assert set(dropped) == {3, 4}
+    assert "non-finite" in dropped[3] and "shape" in dropped[4]
+
+
+class _FakeGrid:
+    def __init__(self, fail_node=None):
+        self.fail_node = fail_node
+
+    def send_and_receive(self, messages, timeout=None):
+        out = []
+        for m in messages:
+            if m.metadata.dst_node_id == self.fail_node:
+                continue  # never answers
+            r = _reply(m.metadata.dst_node_id, {"w": torch.zeros(4)})
+            out.append(r)
+        return out
+
+
+def test_metered_grid_counts_bytes_and_records_missing_replies(tmp_path):
+    cfg = parse_run_config({"min-clients": 1})
+    run = ServerRun(cfg=cfg, out=RunDir(tmp_path / "r"))
+    grid = MeteredGrid(_FakeGrid(fail_node=2), run)
+    msgs = [Message(RecordDict({"arrays": ArrayRecord({"w": torch.zeros(8)})}), dst_node_id=n,
+                    message_type="train") for n in (1, 2)]
+    replies = grid.send_and_receive(msgs, timeout=1)
+    assert len(replies) == 1
+    comm = run.comm()
+    one = record_nbytes(msgs[0].content)
+    assert comm["per_client"]["1"]["down_bytes"] == one and comm["per_client"]["1"]["up_bytes"] > 16
+    assert comm["down_bytes"] == 2 * one and "2" not in comm["per_client"] or comm["per_client"]["2"]["up_bytes"] == 0
+    assert run.failures[0]["node_id"] == 2 and "no reply" in run.failures[0]["reason"]
+
+
+def test_record_nbytes_counts_serialised_tensors_and_config_values():
+    def size(n):
+        return record_nbytes(RecordDict({"a": ArrayRecord({"w": torch.zeros(n)}),
+                                         "c": ConfigRecord({"k": b"1234"})}))
+
+    assert size(1010) - size(10) == 4000  # float32 payload counted byte for byte
+    assert 40 + 5 <= size(10) <= 40 + 5 + 256  # plus a bounded serialisation header
