@@ -116,7 +116,7 @@ class CommonConfig:
     model: str = opt("cnn", help="classifier: cnn, resnet18, or a transformers ResNet id/folder")
     image_size: int = opt(16, low=8, high=512)
     num_server_rounds: int = opt(5, low=1)
-    local_epochs: int = opt(2, low=1)
+    local_epochs: int = opt(3, low=1)
     lr: float = opt(0.02, low=0.0, low_open=True)
     batch_size: int = opt(16, low=1)
     device: str = opt("auto", help="auto (CUDA when available), cpu, cuda, cuda:N")

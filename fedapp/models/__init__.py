@@ -1,1 +1,27 @@
-"""Models: diffusion prior, samplers and features, flow matching, DDPM, classifiers."""
+"""fedapp's diffusion toolkit: priors (tiny or Stable Diffusion), samplers, features, small nets.
+
+Names are imported lazily so that `import fedapp.models` stays cheap (diffusers/transformers load
+only when a prior or network is used).
+"""
+
+from importlib import import_module
+
+_EXPORTS = {
+    "Prior": "prior", "SampleResult": "prior", "load_prior": "prior",
+    "expected_unet_evals": "samplers", "leading_timesteps": "samplers",
+    "UNetFeatureExtractor": "features", "VisionBackboneExtractor": "features",
+    "make_feature_extractor": "features", "FeatureOutput": "features",
+    "TinyPriorConfig": "tiny_prior", "build_tiny_prior": "tiny_prior", "tiny_prior_path": "tiny_prior",
+    "prior_to_bytes": "tiny_prior", "prior_from_bytes": "tiny_prior", "random_tiny_prior": "tiny_prior",
+    "SmallCNN": "classifier", "train_classifier": "classifier",
+    "DDPM": "ddpm", "VelocityNet": "flow",
+    "class_prompt": "text", "class_prompts": "text",
+}
+
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name):
+    if name in _EXPORTS:
+        return getattr(import_module(f".{_EXPORTS[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

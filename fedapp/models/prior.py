@@ -50,8 +50,12 @@ class Prior:
         self.text_encoder = text_encoder.to(self.device, dtype).eval().requires_grad_(False)
         self.unet = unet.to(self.device, dtype).eval().requires_grad_(False)
         self.vae = None if vae is None else vae.to(self.device, dtype).eval().requires_grad_(False)
-        # keep the pipeline's betas, sample with DDIM; our timesteps() is "leading" spacing
-        self.scheduler = DDIMScheduler.from_config(dict(scheduler.config), timestep_spacing="leading")
+        # keep the pipeline's betas, sample with DDIM; our timesteps() is "leading" spacing. x0 is
+        # clipped only when the pipeline's own config says so (SD-1.5: no; pixel-space tiny prior: yes),
+        # not by DDIMScheduler's default, which would clip latents.
+        raw = dict(scheduler.config)
+        self.scheduler = DDIMScheduler.from_config(raw, timestep_spacing="leading",
+                                                   clip_sample=bool(raw.get("clip_sample", False)))
         cfg = self.scheduler.config
         self.num_train_timesteps = int(cfg.num_train_timesteps)
         self.steps_offset = int(cfg.steps_offset)
@@ -240,7 +244,8 @@ def _load_components(src: str, local: bool, device, dtype) -> Prior:
     unet = UNet2DConditionModel.from_pretrained(src, subfolder="unet", dtype=dtype)
     text_encoder = CLIPTextModel.from_pretrained(src, subfolder="text_encoder", dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(src, subfolder="tokenizer")
-    scheduler = DDIMScheduler.from_pretrained(src, subfolder="scheduler")
+    raw = DDIMScheduler.load_config(src, subfolder="scheduler")  # the file as written (PNDM for SD-1.5)
+    scheduler = DDIMScheduler.from_config(raw, clip_sample=bool(raw.get("clip_sample", False)))
     has_vae = (Path(src) / "vae").is_dir() if local else True  # a hub SD pipeline always has vae/
     vae = AutoencoderKL.from_pretrained(src, subfolder="vae", dtype=dtype) if has_vae else None
     return Prior(tokenizer, text_encoder, unet, scheduler, vae, device=device, dtype=dtype, source=src)
