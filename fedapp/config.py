@@ -276,5 +276,20 @@ def toml_block() -> str:
     return "\n".join(lines) + "\n"
 
 
+def write_pyproject(path: str = "pyproject.toml") -> None:
+    """Replace the `[tool.flwr.app.config]` block (the file's last table) with `toml_block()`."""
+    from pathlib import Path
+
+    p = Path(path)
+    text = p.read_text()
+    head = text[: text.index("[tool.flwr.app.config]")]
+    p.write_text(head + toml_block())
+
+
 if __name__ == "__main__":
-    print(toml_block(), end="")
+    import sys
+
+    if "--write" in sys.argv:  # after adding or changing an option
+        write_pyproject()
+    else:
+        print(toml_block(), end="")

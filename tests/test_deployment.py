@@ -51,7 +51,8 @@ def test_loopback_deployment_runs_one_fedavg_round(tmp_path):
         f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
         f'address = "127.0.0.1:{port}"\ninsecure = true\n')
     env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-           "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONPATH": str(ROOT)}
+           "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONPATH": str(ROOT),
+           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # SuperLink spawns flower-superexec
     log = open(tmp_path / "processes.log", "w")
     procs = [_start([str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
                      "--database", str(tmp_path / "state.db")], env, log)]

@@ -276,7 +276,7 @@ def load_prior(name_or_path: str | Path, device: str | torch.device = "cpu", dty
     if path.is_dir():
         missing = [s for s in ("unet", "text_encoder", "tokenizer", "scheduler") if not (path / s).is_dir()]
         if missing:
-            raise ValueError(f"prior={spec!r}: folder lacks {', '.join(missing)}/; {allowed}")
+            raise ValueError(f"prior={spec!r}: folder lacks {', '.join(m + '/' for m in missing)}; {allowed}")
         return _load_components(str(path), True, device, dtype)
     if spec.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
         raise ValueError(f"prior={spec!r}: no such folder and not a known name; {allowed}")

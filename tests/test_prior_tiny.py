@@ -1,0 +1,108 @@
+"""The built-in tiny prior: build -> cache -> load round trip, weight shipping, load_prior's errors.
+
+Uses the small TEST_CONFIG and a few training steps on synthetic images (never the cached prior)."""
+
+import json
+
+import pytest
+import torch
+
+from fedapp.models import load_prior, prior_from_bytes, prior_to_bytes
+from fedapp.models.text import class_prompts
+from fedapp.models.tiny_prior import TEST_CONFIG, build_tiny_prior, build_tokenizer, tiny_prior_path
+
+NAMES = ["zero", "one", "two"]
+
+
+def synthetic(n=48, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 3
+    x = torch.rand(n, 3, 16, 16, generator=g) * 0.2 - 1
+    x[:, y % 3, 4:12, 4:12] = 0.8  # class c lights up channel c: learnable, but it does not matter here
+    return x, y, NAMES
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory):
+    cache = tmp_path_factory.mktemp("cache")
+    folder = build_tiny_prior("digits", steps=6, cache_dir=cache, progress=False, config=TEST_CONFIG,
+                              data=synthetic())
+    return cache, folder
+
+
+def test_build_writes_sd_layout_and_meta(built):
+    cache, folder = built
+    assert folder.parent == cache and folder.name.startswith("digits-")
+    for sub in ("unet", "text_encoder", "tokenizer", "scheduler"):
+        assert (folder / sub).is_dir()
+    assert not (folder / "vae").exists()
+    meta = json.loads((folder / "prior_meta.json").read_text())
+    assert meta["steps"] == 6 and meta["prompts"] == class_prompts("digits", NAMES)
+    assert meta["seconds"] > 0 and meta["final_loss"] > 0
+    assert not [p for p in cache.iterdir() if p.name.startswith(".")]  # no temp folder left behind
+
+
+def test_build_is_cached_and_keyed(built):
+    cache, folder = built
+    mtime = (folder / "prior_meta.json").stat().st_mtime
+    again = build_tiny_prior("digits", steps=6, cache_dir=cache, progress=False, config=TEST_CONFIG, data=synthetic())
+    assert again == folder and (folder / "prior_meta.json").stat().st_mtime == mtime
+    assert tiny_prior_path("digits", steps=7, cache_dir=cache, config=TEST_CONFIG) != folder
+    assert tiny_prior_path("digits", seed=1, cache_dir=cache, config=TEST_CONFIG) != tiny_prior_path(
+        "digits", seed=0, cache_dir=cache, config=TEST_CONFIG)
+
+
+def test_load_round_trip(built):
+    _, folder = built
+    prior = load_prior(folder)
+    assert prior.vae is None and prior.latent_shape == (3, 16, 16)
+    assert prior.cond_shape == (TEST_CONFIG.max_tokens, TEST_CONFIG.text_hidden)
+    assert prior.clip_sample == 1.0  # pixel space clips x0 to [-1, 1]
+    x = torch.rand(2, 3, 16, 16) * 2 - 1
+    assert torch.equal(prior.encode_images(x), x)  # pixel space: identity
+    out = prior.sample(2, class_prompts("digits", NAMES)[:2], num_steps=3, guidance=2.0,
+                       generator=torch.Generator().manual_seed(0))
+    assert out.images.shape == (2, 3, 16, 16) and torch.isfinite(out.images).all()
+    # saving the loaded prior again gives a folder that loads to the same weights
+    again = load_prior(prior.save_pretrained(folder.parent / "resaved"))
+    for a, b in zip(prior.unet.state_dict().values(), again.unet.state_dict().values()):
+        assert torch.equal(a, b)
+
+
+def test_tokenizer_round_trip(tmp_path):
+    from transformers import AutoTokenizer
+
+    tok = build_tokenizer(["a", "photo", "of", "the", "digit", "three"], 8)
+    tok.save_pretrained(tmp_path)
+    back = AutoTokenizer.from_pretrained(tmp_path)
+    kw = dict(padding="max_length", max_length=8, truncation=True)
+    for text in ["a photo of the digit three", "", "A PHOTO of a zebra"]:
+        assert tok(text, **kw).input_ids == back(text, **kw).input_ids
+    ids = back("a photo of the digit three", **kw).input_ids
+    assert ids[0] == tok.bos_token_id and ids[-1] == tok.eos_token_id and len(ids) == 8
+    assert back("zebra", **kw).input_ids[1] == tok.unk_token_id
+
+
+def test_bytes_shipping_round_trip(built, tmp_path):
+    _, folder = built
+    data = prior_to_bytes(folder)
+    assert data == prior_to_bytes(folder)  # deterministic
+    shipped = prior_from_bytes(data, cache_dir=tmp_path)
+    assert shipped.name.startswith("shipped-") and prior_from_bytes(data, cache_dir=tmp_path) == shipped
+    a, b = load_prior(folder), load_prior(shipped)
+    for (ka, va), (kb, vb) in zip(a.unet.state_dict().items(), b.unet.state_dict().items()):
+        assert ka == kb and torch.equal(va, vb)
+    for va, vb in zip(a.text_encoder.state_dict().values(), b.text_encoder.state_dict().values()):
+        assert torch.equal(va, vb)
+
+
+def test_load_prior_errors(tmp_path):
+    with pytest.raises(ValueError, match=r"prior='/no/such/folder'.*allowed"):
+        load_prior("/no/such/folder")
+    with pytest.raises(ValueError, match=r"prior='not-a-prior'"):
+        load_prior("not-a-prior")
+    (tmp_path / "half").mkdir()
+    with pytest.raises(ValueError, match=r"lacks unet/"):
+        load_prior(tmp_path / "half")
+    with pytest.raises(ValueError, match=r"prior='tiny:digits'.*python -m fedapp.models.tiny_prior"):
+        load_prior("tiny:digits", cache_dir=tmp_path)
