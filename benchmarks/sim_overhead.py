@@ -1,0 +1,79 @@
+"""What Flower's Ray simulation costs over a plain in-process loop doing the same FedAvg work.
+
+Both run the same client function (`clients.classify.local_train`) on the same shards with the
+same sample-weighted average. Each is timed at two round counts; seconds per round is the
+slope and start-up the intercept, so both figures come from the same run.
+
+    python benchmarks/sim_overhead.py [--clients 4] [--rounds 1 4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+import time
+
+import torch
+
+import fedapp
+from clients.classify import evaluate, local_train
+from fedapp.config import parse_run_config
+from fedapp.models.classifier import build_classifier
+from feddata import load_client_shard, load_server_data
+
+
+def in_process(cfg, clients: int, rounds: int) -> float:
+    t0 = time.time()
+    shards = [load_client_shard(cfg.dataset, cfg.partitioner, cfg.partitioner_params, cfg.seed, k, clients)
+              for k in range(clients)]
+    test = load_server_data(cfg.dataset, cfg.partitioner, cfg.partitioner_params, cfg.seed, clients).test
+    torch.manual_seed(cfg.seed)
+    global_model = build_classifier(cfg.model, shards[0].info.num_classes)
+    for rnd in range(rounds):
+        states, weights = [], []
+        for k, sh in enumerate(shards):
+            model = build_classifier(cfg.model, sh.info.num_classes)
+            model.load_state_dict(global_model.state_dict())
+            local_train(model, sh.train.x, sh.train.y, epochs=cfg.local_epochs, lr=cfg.lr,
+                        batch=cfg.batch_size, seed=rnd * 1000 + k)
+            states.append(model.state_dict())
+            weights.append(len(sh.train))
+        total = sum(weights)
+        global_model.load_state_dict({key: sum(w * s[key] for w, s in zip(weights, states)) / total
+                                      for key in states[0]})
+        for sh in shards:
+            evaluate(global_model, sh.test.x, sh.test.y)
+        evaluate(global_model, test.x, test.y)
+    return time.time() - t0
+
+
+def simulated(flat: dict, clients: int, rounds: int) -> float:
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as out:
+        fedapp.simulate({**flat, "num-server-rounds": rounds, "out-dir": out}, num_clients=clients)
+    return time.time() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--clients", type=int, default=4)
+    ap.add_argument("--rounds", type=int, nargs=2, default=[1, 4])
+    args = ap.parse_args()
+    flat = {"method": "fedavg", "dataset": "digits", "partitioner.name": "iid", "min-clients": args.clients}
+    cfg = parse_run_config(flat)
+    r1, r2 = args.rounds
+    rows = {}
+    for name, fn in (("in-process loop", lambda r: in_process(cfg, args.clients, r)),
+                     ("fedapp.simulate (Ray)", lambda r: simulated(flat, args.clients, r))):
+        t1, t2 = fn(r1), fn(r2)
+        per_round = (t2 - t1) / (r2 - r1)
+        rows[name] = (t1 - r1 * per_round, per_round)
+    base_start, base_round = rows["in-process loop"]
+    print(f"\nFedAvg, digits, {args.clients} clients, rounds {r1} and {r2}, torch threads {torch.get_num_threads()}")
+    print(f"{'runner':<24}{'start-up s':>12}{'s / round':>12}{'start-up ×':>12}{'round ×':>10}")
+    for name, (start, rnd) in rows.items():
+        print(f"{name:<24}{start:>12.2f}{rnd:>12.2f}{start / max(base_start, 1e-3):>12.1f}{rnd / base_round:>10.2f}")
+
+
+if __name__ == "__main__":
+    main()
