@@ -4,8 +4,8 @@ from typing import Any
 
 
 def simulate(run_config: dict, num_clients: int, backend: dict | None = None, **kwargs: Any) -> dict:
-    """Run a Ray simulation and return summary.json (see `fedapp.simulate.simulate`)."""
-    from fedapp.simulate import simulate as _simulate
+    """Run a Ray simulation and return summary.json (see `fedapp.simulation.simulate`)."""
+    from fedapp.simulation import simulate as _simulate
 
     return _simulate(run_config, num_clients, backend, **kwargs)
 

@@ -27,6 +27,19 @@ METHODS: dict[str, MethodSpec] = {
                          paper="McMahan et al., AISTATS 2017"),
     "fedprox": MethodSpec("strategies.fedprox:FedProxStrategy", "clients.classify", "fedprox",
                           "strategies.fedprox:FedProxOptions", paper="Li et al., MLSys 2020"),
+    "feddifrc": MethodSpec("strategies.feddifrc:FedDifRCStrategy", "clients.feddifrc", "feddifrc",
+                           "strategies.feddifrc:FedDifRCOptions", paper="Wang et al., ICCV 2025"),
+    "moon": MethodSpec("strategies.moon:MoonStrategy", "clients.moon", "moon", "strategies.moon:MoonOptions",
+                       paper="Li, He & Song, CVPR 2021"),
+    "espresso": MethodSpec("strategies.espresso:EspressoStrategy", "clients.espresso", "espresso",
+                           "strategies.espresso:EspressoOptions", paper="Espresso, CVPR 2026"),
+    "prompts": MethodSpec("strategies.espresso:PromptsStrategy", "clients.espresso", "espresso",
+                          "strategies.espresso:EspressoOptions", paper="class prompt only (Espresso's baseline)"),
+    "class-embed": MethodSpec("strategies.espresso:ClassEmbedStrategy", "clients.espresso", "espresso",
+                              "strategies.espresso:EspressoOptions",
+                              paper="one learned condition per class (FedDEO-like, Espresso's baseline)"),
+    "centralized": MethodSpec("strategies.centralized:CentralizedStrategy", "clients.classify", None, None,
+                              actions=("evaluate",), paper="oracle ceiling: classifier on the union of client data"),
 }
 
 

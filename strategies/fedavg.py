@@ -59,9 +59,13 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
                                             cfg.seed, max(cfg.min_clients, 1), image_size=cfg.image_size)
         return self._server
 
+    def build_model(self) -> torch.nn.Module:
+        """The global model (methods with a projection head override this)."""
+        return build_classifier(self.run.cfg.model, self.server_data().info.num_classes)
+
     def global_evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
         server = self.server_data()
-        model = build_classifier(self.run.cfg.model, server.info.num_classes)
+        model = self.build_model()
         model.load_state_dict(arrays.to_torch_state_dict())
         metrics = accuracy_by_group(model, server.test, server.info, device=self.run.device)
         row: dict[str, Any] = {"round": server_round, **metrics}
@@ -76,7 +80,7 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
     def execute(self, grid) -> dict[str, Any]:
         cfg = self.run.cfg
         torch.manual_seed(cfg.seed)
-        model = build_classifier(cfg.model, self.server_data().info.num_classes)
+        model = self.build_model()
         initial = ArrayRecord(model.state_dict())
         self._expected = {k: tuple(a.shape) for k, a in initial.items()}
         self.start(grid=grid, initial_arrays=initial, num_rounds=cfg.num_server_rounds,

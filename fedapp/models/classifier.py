@@ -89,8 +89,37 @@ class HFResNet(nn.Module):
         return self.head(self.embed(x))
 
 
-def build_classifier(name: str, num_classes: int) -> nn.Module:
-    """`cnn`, `resnet18` (transformers config, random init) or a transformers ResNet id/folder."""
+class ProjectedClassifier(nn.Module):
+    """A classifier plus a projection head g: embedding -> R^proj_dim (z_i of MOON and FedDifRC).
+
+    The head sits beside the classifier's own head (logits come from the embedding, as in FedDifRC's
+    code); FedAvg averages it with the rest. `forward` keeps the last embedding in `self.embedding`
+    so a regulariser takes z = project(model.embedding) without a second backbone pass."""
+
+    def __init__(self, base: nn.Module, proj_dim: int):
+        super().__init__()
+        e = base.embed_dim
+        self.base = base
+        self.proj = nn.Sequential(nn.Linear(e, e), nn.ReLU(inplace=True), nn.Linear(e, proj_dim))
+        self.embed_dim, self.proj_dim = e, proj_dim
+        self.embedding: torch.Tensor | None = None
+
+    def embed(self, x: torch.Tensor) -> torch.Tensor:
+        return self.base.embed(x)
+
+    def project(self, embedding: torch.Tensor) -> torch.Tensor:
+        return self.proj(embedding)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.embedding = self.base.embed(x)
+        return self.base.head(self.embedding)
+
+
+def build_classifier(name: str, num_classes: int, proj_dim: int = 0) -> nn.Module:
+    """`cnn`, `resnet18` (transformers config, random init) or a transformers ResNet id/folder;
+    proj_dim > 0 wraps it in a ProjectedClassifier with that projection dimension."""
+    if proj_dim > 0:
+        return ProjectedClassifier(build_classifier(name, num_classes), proj_dim)
     if name == "cnn":
         return SmallCNN(num_classes)
     if name == "resnet18":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
@@ -40,13 +41,19 @@ def simulate(run_config: Mapping[str, Any], num_clients: int, backend: dict | No
     backend = dict(backend or {})
     init_args = dict(backend.get("init_args", {}))
     init_args.setdefault("_node_ip_address", "127.0.0.1")
-    init_args.setdefault("_temp_dir", tempfile.mkdtemp(prefix="fedapp-ray-"))
+    ray_tmp = None
+    if "_temp_dir" not in init_args:
+        ray_tmp = init_args["_temp_dir"] = tempfile.mkdtemp(prefix="fedapp-ray-")
     init_args.setdefault("include_dashboard", False)
     init_args.setdefault("logging_level", "warning")
     backend["init_args"] = init_args
     backend.setdefault("client_resources", {"num_cpus": 1, "num_gpus": 0.0})
-    run_simulation(server_app=server, client_app=make_client_app(client_mods),
-                   num_supernodes=num_clients, backend_config=backend)
+    try:
+        run_simulation(server_app=server, client_app=make_client_app(client_mods),
+                       num_supernodes=num_clients, backend_config=backend)
+    finally:
+        if ray_tmp:  # Ray has shut down: its session files are no longer needed
+            shutil.rmtree(ray_tmp, ignore_errors=True)
     summary_path = run_dir / "summary.json"
     if not summary_path.exists():
         raise RuntimeError(f"the simulation ended without writing {summary_path}; see the log above")

@@ -1,0 +1,225 @@
+"""Espresso client (CVPR 2026, "Guiding Diffusion Models with Fine-Grained Conditions and
+Semantics-Preserving Sampling for One-Shot Federated Learning"): what a client computes and uploads.
+
+For each class y of client k (paper symbols):
+1. features f_i = Phi(x_i) (the prior's UNet features by default, or a DINOv2/CLIP id), split into
+   J clusters D^j_{k,y} with hierarchical clustering (min(J, n_y) when the class is small);
+2. fine-grained condition learning, one condition c^j_{k,y} per cluster: a whole cross-attention
+   sequence (L x D) fed to the UNet directly (no text encoder), initialised from the class prompt's
+   encoding, minimising with the prior frozen
+       Eq. (8)   E_{t, x in D^j_{k,y}, eps} || eps - eps_theta(sqrt(abar_t) E(x) + sqrt(1-abar_t) eps, t, c^j_{k,y}) ||^2
+3. GMM of the initial noise p(z^T_{k,y}): MixUp pairs of the class's latents z^0_{k,y,mix}, forward-
+   diffuse each several times z^T = sqrt(abar_T) z^0_mix + sqrt(1-abar_T) eps, fit a diagonal GMM
+   {w^{T,m}_{k,y}, mu^{T,m}_{k,y}, Sigma^{T,m}_{k,y}}_{m=1..M}.
+Upload: the conditions, their cluster sizes, the GMM parameters and the class counts -- nothing else.
+
+Switches (espresso.*): conditions = prompts (learn nothing) | class (one condition per class,
+FedDEO-like) | cluster (J per class); init = gaussian (no GMM) | gmm. Functions below take tensors
+and return tensors; only `handle_train` knows Flower.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import numpy as np
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+from clients.classify import handle_evaluate
+from fedapp.client_context import ClientContext
+
+log = logging.getLogger("fedapp")
+
+UPLOAD_KEY = "upload"  # ArrayRecord of the client's upload
+PRIOR_KEY = "prior"  # ConfigRecord the server ships the prior in: {"bytes": prior_to_bytes(folder)}
+REQUEST_KEY = "prior-request"  # ConfigRecord a client answers with when it cannot load the prior
+
+
+# ---- 1. intra-class clustering ------------------------------------------------------------------
+def cluster_class(features: torch.Tensor, clusters: int) -> np.ndarray:
+    """Ward-linkage AgglomerativeClustering of one class's features into min(J, n) clusters.
+    Returns a label in [0, min(J, n)) per image; every label is used (a partition of the class)."""
+    from sklearn.cluster import AgglomerativeClustering
+
+    n = len(features)
+    k = min(clusters, n)
+    if k <= 1:
+        return np.zeros(n, dtype=np.int64)
+    f = features.double().cpu().numpy()
+    f = (f - f.mean(0)) / (f.std(0) + 1e-8)  # the pooled UNet blocks differ in scale
+    return AgglomerativeClustering(n_clusters=k, linkage="ward").fit_predict(f).astype(np.int64)
+
+
+def assign_conditions(y: torch.Tensor, features: torch.Tensor | None, classes: list[int],
+                      clusters: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(owner (N,): index of each image's condition, condition_class (E,)): conditions are numbered
+    class by class, cluster by cluster. `clusters=1` (or features None) gives one per class."""
+    owner = torch.full((len(y),), -1, dtype=torch.long)
+    cond_class: list[int] = []
+    for c in classes:
+        idx = torch.nonzero(y == c).flatten()
+        labels = (np.zeros(len(idx), dtype=np.int64) if features is None or clusters <= 1
+                  else cluster_class(features[idx], clusters))
+        owner[idx] = len(cond_class) + torch.from_numpy(labels)
+        cond_class += [c] * (int(labels.max()) + 1)
+    return owner, torch.tensor(cond_class, dtype=torch.long)
+
+
+# ---- 2. fine-grained condition learning (Eq. 8) --------------------------------------------------
+def diffusion_loss(prior, z0: torch.Tensor, cond: torch.Tensor, t: torch.Tensor,
+                   eps: torch.Tensor) -> torch.Tensor:
+    """Eq. (8) per sample: ||eps - eps_theta(sqrt(abar_t) z0 + sqrt(1-abar_t) eps, t, c)||^2 (mean over pixels)."""
+    z_t = prior.add_noise(z0, eps, t)
+    pred = prior.predict_noise(z_t, t, cond, guidance=1.0)
+    return (pred - eps).pow(2).flatten(1).mean(1)
+
+
+def learn_conditions(prior, z0: torch.Tensor, owner: torch.Tensor, init: torch.Tensor, *, steps: int,
+                     lr: float, batch: int, seed: int) -> torch.Tensor:
+    """Optimise every condition c^j_{k,y} (E, L, D) on Eq. (8) with the prior frozen.
+
+    All conditions of the client are optimised together: each minibatch row uses its own image's
+    condition, so c^j only receives the gradient of its cluster's images (Adam is per coordinate,
+    so this is the per-cluster optimisation, batched). Images are drawn uniformly, so a cluster gets
+    steps in proportion to its size."""
+    device = prior.device
+    c = init.detach().clone().to(device, prior.dtype).requires_grad_(True)
+    if steps <= 0:
+        return c.detach().cpu()
+    opt = torch.optim.Adam([c], lr=lr)
+    g = torch.Generator().manual_seed(seed)
+    z0, owner = z0.to(device, prior.dtype), owner.to(device)
+    n, b = len(z0), min(batch, len(z0))
+    for _ in range(steps):
+        idx = torch.randint(0, n, (b,), generator=g).to(device)
+        t = torch.randint(0, prior.num_train_timesteps, (b,), generator=g).to(device)
+        eps = torch.randn(b, *z0.shape[1:], generator=g).to(device, prior.dtype)
+        loss = diffusion_loss(prior, z0[idx], c[owner[idx]], t, eps).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+    return c.detach().cpu()
+
+
+# ---- 3. GMM of the initial noise p(z^T) ----------------------------------------------------------
+def mixup_latents(z0: torch.Tensor, pairs: int, alpha: float, rng: np.random.Generator) -> torch.Tensor:
+    """z^0_mix = lam z^0_i + (1 - lam) z^0_j for `pairs` random pairs of one class, lam ~ Beta(alpha, alpha)."""
+    i = torch.from_numpy(rng.integers(0, len(z0), pairs))
+    j = torch.from_numpy(rng.integers(0, len(z0), pairs))
+    lam = torch.from_numpy(rng.beta(alpha, alpha, pairs)).to(z0.dtype).view(-1, *([1] * (z0.ndim - 1)))
+    return lam * z0[i] + (1 - lam) * z0[j]
+
+
+def forward_diffuse(prior, z_mix: torch.Tensor, t_T: int, times: int, seed: int) -> torch.Tensor:
+    """Each z^0_mix diffused `times` times with fresh noise: z^T = sqrt(abar_T) z^0_mix + sqrt(1-abar_T) eps;
+    returns (len(z_mix) * times, dim)."""
+    g = torch.Generator().manual_seed(seed)
+    z = z_mix.repeat_interleave(times, dim=0).to(prior.device, prior.dtype)
+    eps = torch.randn(z.shape, generator=g).to(z)
+    return prior.add_noise(z, eps, t_T).flatten(1).float().cpu()
+
+
+def fit_noise_gmm(samples: torch.Tensor, components: int, seed: int) -> dict[str, torch.Tensor]:
+    """Diagonal-covariance GaussianMixture of z^T samples (n, dim): weights (M,), means (M, dim),
+    variances (M, dim) -- the paper's {w^{T,m}, mu^{T,m}, Sigma^{T,m}} with Sigma diagonal."""
+    from sklearn.mixture import GaussianMixture
+
+    gmm = GaussianMixture(n_components=components, covariance_type="diag", random_state=seed, reg_covar=1e-6)
+    gmm.fit(samples.double().numpy())
+    return {"weights": torch.from_numpy(gmm.weights_).float(), "means": torch.from_numpy(gmm.means_).float(),
+            "variances": torch.from_numpy(gmm.covariances_).float()}
+
+
+def class_noise_gmm(prior, z0: torch.Tensor, *, t_T: int, pairs: int, alpha: float, times: int,
+                    components: int, seed: int) -> dict[str, torch.Tensor]:
+    """MixUp -> forward diffusion to z^T -> diagonal GMM, for one class's latents z0."""
+    rng = np.random.default_rng(seed)
+    z_mix = mixup_latents(z0.cpu(), pairs, alpha, rng)
+    return fit_noise_gmm(forward_diffuse(prior, z_mix, t_T, times, seed), components, seed)
+
+
+# ---- the whole upload ----------------------------------------------------------------------------
+def class_features(prior, x: torch.Tensor, spec: str, extractor=None) -> torch.Tensor:
+    """Phi(x): the prior's UNet (DIFT) features for spec "unet", else a transformers vision backbone."""
+    from fedapp.models.features import make_feature_extractor
+
+    if extractor is None:
+        extractor = (make_feature_extractor("unet", prior=prior) if spec == "unet"
+                     else make_feature_extractor(spec, device=prior.device))
+    return extractor(x).float().cpu()
+
+
+def espresso_upload(prior, x: torch.Tensor, y: torch.Tensor, *, num_classes: int, prompts: list[str],
+                    opts: Any, seed: int, extractor=None) -> dict[str, torch.Tensor]:
+    """Everything client k uploads, from its training images x (N, 3, H, W) in [-1, 1] and labels y.
+
+    opts carries the espresso.* switches (conditions, clusters, embed_*, init, gmm_components,
+    mixup_*, diffusions_per_latent, steps, features). Keys: class_counts (K,); with learned
+    conditions embeddings (E, L, D), embedding_class (E,), cluster_sizes (E,); with init=gmm
+    gmm_class (G,), gmm_weights (G, M), gmm_means (G, M, dim), gmm_variances (G, M, dim)."""
+    y = y.long()
+    counts = torch.bincount(y, minlength=num_classes)
+    classes = [int(c) for c in torch.nonzero(counts).flatten()]
+    out: dict[str, torch.Tensor] = {"class_counts": counts}
+    z0 = prior.encode_images(x).float().cpu()  # E(x)
+    if opts.conditions != "prompts":
+        feats = class_features(prior, x, opts.features, extractor) if opts.conditions == "cluster" else None
+        clusters = opts.clusters if opts.conditions == "cluster" else 1
+        owner, cond_class = assign_conditions(y, feats, classes, clusters)
+        init = prior.encode_prompts([prompts[c] for c in cond_class.tolist()]).float().cpu()
+        out["embeddings"] = learn_conditions(prior, z0, owner, init, steps=opts.embed_steps, lr=opts.embed_lr,
+                                             batch=opts.embed_batch, seed=seed + 1)
+        out["embedding_class"] = cond_class
+        out["cluster_sizes"] = torch.bincount(owner, minlength=len(cond_class))
+    if opts.init == "gmm":
+        t_T = int(prior.timesteps(opts.steps)[0])  # the sampler starts at the first DDIM timestep
+        fits = [class_noise_gmm(prior, z0[y == c], t_T=t_T, pairs=opts.mixup_pairs, alpha=opts.mixup_alpha,
+                                times=opts.diffusions_per_latent, components=opts.gmm_components,
+                                seed=seed + 2 + c) for c in classes]
+        out["gmm_class"] = torch.tensor(classes, dtype=torch.long)
+        for name in ("weights", "means", "variances"):
+            out[f"gmm_{name}"] = torch.stack([f[name] for f in fits])
+    return out
+
+
+# ---- Flower handler ------------------------------------------------------------------------------
+def load_client_prior(msg: Message, cfg, device: str):
+    """The prior: unpacked from the message when the server shipped it (prior_to_bytes), else loaded
+    locally; None when neither works and the server may ship it (the client then asks)."""
+    from fedapp.models import load_prior, prior_from_bytes
+
+    shipped = msg.content.config_records.get(PRIOR_KEY)
+    if shipped is not None and "bytes" in shipped:
+        return load_prior(prior_from_bytes(shipped["bytes"]), device=device), None
+    try:
+        return load_prior(cfg.prior, device=device, dataset=cfg.dataset), None
+    except (ValueError, OSError) as err:
+        if cfg.options.ship_prior == "never":
+            raise
+        return None, str(err).splitlines()[0][:300]
+
+
+def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
+    """The one upload: conditions + GMM + class counts (or a request for the prior's weights)."""
+    import time
+
+    from fedapp.models.text import class_prompts
+
+    cfg, opts = ctx.cfg, ctx.cfg.options
+    prior, why = load_client_prior(msg, cfg, ctx.device)
+    if prior is None:
+        log.info("client %d cannot load prior %r (%s): asking the server for it", ctx.partition_id, cfg.prior, why)
+        return RecordDict({REQUEST_KEY: ConfigRecord({"needs-prior": True, "reason": why})})
+    shard = ctx.shard
+    t0 = time.time()
+    up = espresso_upload(prior, shard.train.x, shard.train.y, num_classes=shard.info.num_classes,
+                         prompts=class_prompts(cfg.dataset, shard.info.class_names), opts=opts,
+                         seed=ctx.seed_for(0))
+    metrics = MetricRecord({"num-examples": len(shard.train), "client-seconds": time.time() - t0,
+                            "num-conditions": int(len(up.get("embedding_class", [])))})
+    return RecordDict({UPLOAD_KEY: ArrayRecord(up), "metrics": metrics})
+
+
+HANDLERS = {"train": handle_train, "evaluate": handle_evaluate}

@@ -1,0 +1,120 @@
+"""A small (class-conditional) DDPM denoiser for PFDM, on diffusers' UNet2DModel and DDPMScheduler betas.
+
+Levels follow the paper (Ho et al. 2020, PFDM): t in {0, ..., T}, abar_0 = 1,
+abar_t = prod_{s<=t} (1 - beta_s) = DDPMScheduler.alphas_cumprod[t - 1]; the network is called with
+diffusers' index t - 1. So x_t = sqrt(abar_t) x_0 + sqrt(1 - abar_t) eps, and PFDM's upload at t0
+is exactly `add_noise(clip(x), z, t0)`.
+  loss:     E_{t ~ U(lo, hi], eps} || eps - eps_theta(x_t, t, y) ||^2
+  ancestral x_{t-1} = mu~_t(x_t, x0_hat) + sigma_t z,  sigma_t^2 = beta~_t = (1-abar_{t-1})/(1-abar_t) beta_t
+  DDIM      x_s = sqrt(abar_s) x0_hat + sqrt(1-abar_s) eps_hat   (eta = 0, any s < t)
+PFDM splits sampling at t0: the shared model runs T -> t0 (`sample(..., t_end=t0)`), a client's private
+model t0 -> 0 (`sample(..., t_start=t0, x_start=...)`).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from .nets import small_unet2d
+
+
+class DDPM(nn.Module):
+    """eps-prediction DDPM. num_classes=0: unconditional; labels -1 = the null class. flag=True adds a
+    binary flag embedding (PFDM: 1 = clipped sample, 0 = unclipped), summed with the class embedding."""
+
+    def __init__(self, image_size: int = 16, num_classes: int = 0, flag: bool = False, channels: int = 3,
+                 block_out_channels: tuple[int, ...] = (32, 64, 64), num_train_timesteps: int = 1000,
+                 beta_start: float = 1e-4, beta_end: float = 0.02, attention: bool = True):
+        super().__init__()
+        from diffusers import DDPMScheduler
+
+        self.image_size, self.channels, self.num_classes, self.flag = image_size, channels, num_classes, flag
+        sizes = ([num_classes] if num_classes else []) + ([2] if flag else [])
+        self.unet = small_unet2d(image_size, channels, block_out_channels, attention, sizes or None)
+        sched = DDPMScheduler(num_train_timesteps=num_train_timesteps, beta_start=beta_start, beta_end=beta_end,
+                              beta_schedule="linear")
+        self.T = num_train_timesteps
+        # level-indexed buffers: index t in [0, T], index 0 is the clean level
+        self.register_buffer("betas", torch.cat([torch.zeros(1), sched.betas.float()]), persistent=False)
+        self.register_buffer("abar", torch.cat([torch.ones(1), sched.alphas_cumprod.float()]), persistent=False)
+
+    # ---- pieces -------------------------------------------------------------------------------------
+    def _labels(self, n: int, y, flag) -> torch.Tensor | None:
+        cols = []
+        device = self.abar.device
+        if self.num_classes:
+            cols.append(torch.full((n,), -1, device=device) if y is None else torch.as_tensor(y, device=device).long())
+        if self.flag:
+            cols.append(torch.full((n,), -1, device=device) if flag is None else torch.as_tensor(flag, device=device).long())
+        return torch.stack(cols, 1) if cols else None
+
+    def eps(self, x_t: torch.Tensor, t: torch.Tensor | int, y=None, flag=None) -> torch.Tensor:
+        """eps_theta(x_t, t, y, flag) for levels t in [1, T]."""
+        t = torch.as_tensor(t, device=x_t.device).long().expand(x_t.shape[0])
+        return self.unet(x_t, t - 1, class_labels=self._labels(x_t.shape[0], y, flag)).sample
+
+    def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor | int) -> torch.Tensor:
+        """q(x_t | x_0): sqrt(abar_t) x_0 + sqrt(1 - abar_t) eps."""
+        a = self.abar[torch.as_tensor(t, device=x0.device)].view(-1, *[1] * (x0.ndim - 1))
+        return a.sqrt() * x0 + (1 - a).sqrt() * noise
+
+    def loss(self, x0: torch.Tensor, y=None, flag=None, t_range: tuple[int, int] = (0, 1000),
+             source_t: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+        """Epsilon MSE with t uniform in (lo, hi] (levels; PFDM's shared model: t_range=(t0, T)).
+
+        source_t: x0 is not clean but a sample at level s = source_t (PFDM's uploads, s = t0 < lo + 1).
+        Then x_t = sqrt(abar_t/abar_s) x_s + sqrt(1 - abar_t/abar_s) eps' and the unbiased
+        denoising-score-matching target in the eps parametrisation is
+        eps' * sqrt(1 - abar_t) / sqrt(1 - abar_t/abar_s)   (E[target | x_t] = E[eps | x_t])."""
+        lo, hi = t_range
+        if not 0 <= lo < hi <= self.T:
+            raise ValueError(f"t_range={t_range}: need 0 <= lo < hi <= {self.T}")
+        if source_t is not None and source_t > lo:
+            raise ValueError(f"source_t={source_t}: the sampled levels (lo, hi] must lie above it (lo >= source_t)")
+        n = x0.shape[0]
+        t = torch.randint(lo + 1, hi + 1, (n,), generator=generator).to(x0.device)
+        noise = torch.randn(x0.shape, generator=generator).to(x0.device)
+        if source_t is None:
+            x_t, target = self.add_noise(x0, noise, t), noise
+        else:
+            r = (self.abar[t] / self.abar[source_t]).view(-1, *[1] * (x0.ndim - 1))  # abar_t / abar_s
+            x_t = r.sqrt() * x0 + (1 - r).sqrt() * noise
+            a_t = self.abar[t].view_as(r)
+            target = noise * (1 - a_t).sqrt() / (1 - r).sqrt()
+        return F.mse_loss(self.eps(x_t, t, y, flag), target)
+
+    # ---- sampling -----------------------------------------------------------------------------------
+    @torch.no_grad()
+    def sample(self, n: int, y=None, flag=None, t_start: int = 1000, t_end: int = 0,
+               x_start: torch.Tensor | None = None, steps: int | None = None, generator: torch.Generator | None = None,
+               clip_x0: bool = True) -> torch.Tensor:
+        """x_{t_end} from x_{t_start} (default N(0, I) at t_start = T). steps=None: ancestral DDPM through
+        every level; steps=k: deterministic DDIM over k evenly spaced levels. clip_x0 clamps x0_hat to [-1, 1]."""
+        if not 0 <= t_end < t_start <= self.T:
+            raise ValueError(f"t_start={t_start}, t_end={t_end}: need 0 <= t_end < t_start <= {self.T}")
+        device = self.abar.device
+        shape = (n, self.channels, self.image_size, self.image_size)
+        x = torch.randn(shape, generator=generator).to(device) if x_start is None else x_start.to(device).clone()
+        if steps is None:
+            levels = list(range(t_start, t_end, -1)) + [t_end]
+        else:
+            levels = torch.linspace(t_start, t_end, steps + 1).round().long().unique_consecutive().tolist()
+        for t, s in zip(levels[:-1], levels[1:]):
+            eps = self.eps(x, t, y, flag)
+            a_t, a_s = self.abar[t], self.abar[s]
+            x0 = (x - (1 - a_t).sqrt() * eps) / a_t.sqrt()
+            if clip_x0:
+                x0 = x0.clamp(-1, 1)
+            if steps is not None:  # DDIM, eta = 0
+                x = a_s.sqrt() * x0 + (1 - a_s).sqrt() * eps
+                continue
+            # ancestral: posterior q(x_{t-1} | x_t, x0) mean and variance (s = t - 1)
+            beta = self.betas[t]
+            mean = (a_s.sqrt() * beta / (1 - a_t)) * x0 + ((1 - beta).sqrt() * (1 - a_s) / (1 - a_t)) * x
+            if s > 0:
+                var = (1 - a_s) / (1 - a_t) * beta
+                mean = mean + var.sqrt() * torch.randn(shape, generator=generator).to(device)
+            x = mean
+        return x

@@ -1,0 +1,347 @@
+"""Espresso (and its baselines prompts / class-embed / centralized): client functions, upload
+validation, the prior shipping path, and the protocol end to end.
+
+Every prior here is a tiny random-weight network (TEST_CONFIG), never the cached trained prior."""
+
+import dataclasses
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.supercore.task_identity import TaskIdentity
+
+import fedapp
+from clients import espresso as client
+from fedapp.config import ConfigError, all_defaults, parse_run_config
+from fedapp.models.text import class_prompts
+from fedapp.models.tiny_prior import TEST_CONFIG, random_tiny_prior
+from fedapp.results import RunDir
+from strategies import espresso as server
+from strategies.base import ServerRun
+
+DATASET = "digit-styles"
+FAST = {"espresso.embed-steps": 3, "espresso.steps": 3, "espresso.ratio": 1.0, "espresso.mixup-pairs": 8,
+        "espresso.diffusions-per-latent": 2, "espresso.embed-batch": 8, "server-epochs": 1}
+
+
+@pytest.fixture(autouse=True)
+def _inside_a_run():
+    # Flower stamps new messages with the running task's identity; tests have none.
+    old = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
+    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
+    yield
+    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
+
+
+@pytest.fixture(scope="module")
+def prior():
+    return random_tiny_prior(TEST_CONFIG, dataset=DATASET, seed=0)
+
+
+@pytest.fixture(scope="module")
+def prior_dir(prior, tmp_path_factory):
+    return prior.save_pretrained(tmp_path_factory.mktemp("prior") / "tiny-random")
+
+
+@pytest.fixture(scope="module")
+def shard():
+    from feddata import load_client_shard
+
+    return load_client_shard(DATASET, "domain", {"per-class": 3}, 0, 0, 2)
+
+
+@pytest.fixture(scope="module")
+def upload(prior, shard):
+    return _upload(prior, shard, _opts())
+
+
+def _opts(**kw):
+    return parse_run_config({"method": "espresso", **FAST, **kw}).options
+
+
+def _upload(prior, shard, opts, seed=1):
+    return client.espresso_upload(prior, shard.train.x, shard.train.y, num_classes=10,
+                                  prompts=class_prompts(DATASET, shard.info.class_names), opts=opts, seed=seed)
+
+
+def _check(prior, opts):
+    return dict(opts=opts, num_classes=10, cond_shape=prior.cond_shape, latent_dim=768)
+
+
+# ---- clustering -------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 2, 3, 4, 11])
+def test_clustering_gives_min_J_n_clusters_that_partition_the_class(n):
+    f = torch.randn(n, 6, generator=torch.Generator().manual_seed(n))
+    labels = client.cluster_class(f, clusters=4)
+    assert labels.shape == (n,) and set(labels.tolist()) == set(range(min(4, n)))
+
+
+def test_conditions_partition_every_class_and_are_numbered_class_by_class():
+    y = torch.tensor([2, 0, 2, 2, 0, 2, 2, 5])
+    f = torch.randn(len(y), 4, generator=torch.Generator().manual_seed(0))
+    owner, cond_class = client.assign_conditions(y, f, [0, 2, 5], clusters=4)
+    assert (owner >= 0).all()  # every image has exactly one condition
+    assert cond_class.tolist() == [0, 0, 2, 2, 2, 2, 5]  # min(4, n_y) per class: 2, 4, 1
+    assert torch.equal(cond_class[owner], y)  # a condition only covers images of its class
+    assert torch.bincount(owner).min() >= 1
+    _, one = client.assign_conditions(y, None, [0, 2, 5], clusters=4)  # class mode: one per class
+    assert one.tolist() == [0, 2, 5]
+
+
+# ---- condition learning (Eq. 8) ------------------------------------------------------------------------
+def test_learned_condition_lowers_the_diffusion_loss_of_its_cluster(prior, shard):
+    x = shard.train.x[shard.train.y == 3]
+    z0 = prior.encode_images(x)
+    init = prior.encode_prompts([class_prompts(DATASET, shard.info.class_names)[3]])
+    g = torch.Generator().manual_seed(123)  # fixed (t, eps) draws, the same for both conditions
+    zz = z0.repeat(16, 1, 1, 1)
+    t, eps = torch.randint(0, 1000, (len(zz),), generator=g), torch.randn(zz.shape, generator=g)
+
+    def loss(c):
+        with torch.no_grad():
+            return client.diffusion_loss(prior, zz, c.expand(len(zz), -1, -1), t, eps).mean().item()
+
+    learned = client.learn_conditions(prior, z0, torch.zeros(len(z0), dtype=torch.long), init, steps=30,
+                                      lr=0.05, batch=16, seed=0)
+    assert learned.shape == init.shape and not torch.equal(learned, init)
+    assert loss(learned) < loss(init) - 0.01
+
+
+# ---- the GMM of z^T -------------------------------------------------------------------------------------
+def test_gmm_samples_match_the_fitted_moments():
+    g = torch.Generator().manual_seed(0)
+    data = torch.cat([torch.randn(300, 5, generator=g) * 0.5 + 2, torch.randn(200, 5, generator=g) * 1.5 - 1])
+    fit = client.fit_noise_gmm(data, components=2, seed=0)
+    w, mu, var = fit["weights"].double(), fit["means"].double(), fit["variances"].double()
+    assert w.shape == (2,) and mu.shape == var.shape == (2, 5) and (var > 0).all()
+    mean = (w[:, None] * mu).sum(0)  # moments of sum_m w_m N(mu_m, diag(var_m))
+    second = (w[:, None] * (var + mu ** 2)).sum(0)
+    s = server.sample_gmm(fit["weights"], fit["means"], fit["variances"], 40000, torch.Generator().manual_seed(1))
+    torch.testing.assert_close(s.double().mean(0), mean, atol=0.03, rtol=0)
+    torch.testing.assert_close(s.double().var(0), second - mean ** 2, atol=0, rtol=0.04)
+    # EM keeps the data's first moment
+    torch.testing.assert_close(mean, data.double().mean(0), atol=1e-3, rtol=0)
+
+
+def test_class_gmm_is_fitted_on_mixup_forward_diffused_latents(prior, shard):
+    z0 = prior.encode_images(shard.train.x[shard.train.y == 1])
+    t_T = int(prior.timesteps(25)[0])
+    fit = client.class_noise_gmm(prior, z0, t_T=t_T, pairs=32, alpha=1.0, times=4, components=2, seed=0)
+    assert fit["means"].shape == (2, 768)
+    # z^T = sqrt(abar_T) z0_mix + sqrt(1 - abar_T) eps: the variance is close to 1 - abar_T (+ a small data term)
+    abar = float(prior.alphas_cumprod[t_T])
+    v = (fit["weights"][:, None] * fit["variances"]).sum(0).mean().item()
+    assert abs(v - (1 - abar)) < 0.15
+
+
+# ---- the upload and its validation -----------------------------------------------------------------------
+def test_upload_has_only_the_protocol_keys_and_passes_validation(prior, shard, upload):
+    opts, up = _opts(), upload
+    assert set(up) == {"class_counts", "embeddings", "embedding_class", "cluster_sizes", "gmm_class",
+                       "gmm_weights", "gmm_means", "gmm_variances"}
+    assert up["class_counts"].tolist() == torch.bincount(shard.train.y, minlength=10).tolist()
+    assert up["cluster_sizes"].sum() == len(shard.train)
+    rd = RecordDict({server.UPLOAD_KEY: ArrayRecord(up)})
+    assert server.validate_upload(rd, **_check(prior, opts)) is None
+    for conditions, init, keys in [("prompts", "gaussian", {"class_counts"}),
+                                   ("class", "gaussian", {"class_counts", "embeddings", "embedding_class",
+                                                          "cluster_sizes"})]:
+        o = _opts(**{"espresso.conditions": conditions, "espresso.init": init})
+        u = _upload(prior, shard, o)
+        assert set(u) == keys
+        assert server.validate_upload(RecordDict({server.UPLOAD_KEY: ArrayRecord(u)}), **_check(prior, o)) is None
+
+
+def _corrupt(up, key, fn):
+    bad = dict(up)
+    bad[key] = fn(up[key].clone())
+    return RecordDict({server.UPLOAD_KEY: ArrayRecord(bad)})
+
+
+def _set(index, value):
+    def f(t):
+        t[index] = value
+        return t
+    return f
+
+
+@pytest.mark.parametrize("key, fn, why", [
+    ("embeddings", _set((0, 0, 0), float("nan")), "non-finite"),
+    ("gmm_means", _set((1, 0, 5), float("inf")), "non-finite"),
+    ("gmm_means", lambda t: t[:, :, :100], "shape"),
+    ("embeddings", lambda t: t[:, :, :5], "shape"),
+    ("gmm_weights", lambda t: t[:, :2], "shape"),
+    ("gmm_variances", _set((0, 0, 0), -1.0), "variances"),
+    ("gmm_weights", _set((0, 0), 5.0), "weights"),
+    ("cluster_sizes", _set(0, 7), "sum to"),
+    ("class_counts", lambda t: t.float(), "integer"),
+    ("embedding_class", _set(0, 12), "out of range"),
+])
+def test_validate_rejects_bad_uploads_with_a_reason(prior, upload, key, fn, why):
+    opts, up = _opts(), upload
+    reason = server.validate_upload(_corrupt(up, key, fn), **_check(prior, opts))
+    assert reason is not None and why in reason
+    missing = {k: v for k, v in up.items() if k != "gmm_means"}
+    assert "wrong keys" in server.validate_upload(RecordDict({server.UPLOAD_KEY: ArrayRecord(missing)}),
+                                                  **_check(prior, opts))
+    assert "exceeds" in server.validate_upload(RecordDict({server.UPLOAD_KEY: ArrayRecord(up)}),
+                                               **_check(prior, opts), max_bytes=1000)
+
+
+def _reply(node, content):
+    content["client"] = ConfigRecord({"partition-id": node - 1})
+    r = Message(content, dst_node_id=0, message_type="train")
+    r.metadata._src_node_id = node
+    return r
+
+
+def _strategy(tmp_path, prior, method="espresso", **kw):
+    cfg = parse_run_config({"method": method, "min-clients": 1, "out-dir": str(tmp_path), **FAST, **kw})
+    s = fedapp.registry.strategy_class(method)(ServerRun(cfg=cfg, out=RunDir(tmp_path / "run")))
+    s._check = _check(prior, s.opts)
+    return s
+
+
+def test_strategy_drops_a_bad_upload_and_keeps_the_rest(tmp_path, prior, shard, upload):
+    s = _strategy(tmp_path, prior)
+    up = upload
+    replies = [_reply(1, RecordDict({server.UPLOAD_KEY: ArrayRecord(up)})),
+               _reply(2, _corrupt(up, "embeddings", _set((0, 0, 0), float("nan")))),
+               _reply(3, _corrupt(up, "gmm_means", lambda t: t[:, :, :10]))]
+    s.aggregate_train(1, replies)
+    assert sorted(s.uploads) == [0] and s.upload_bytes[0] > 0
+    assert [(f["node_id"], f["phase"]) for f in s.run.failures] == [(2, "train"), (3, "train")]
+    assert "non-finite" in s.run.failures[0]["reason"] and "shape" in s.run.failures[1]["reason"]
+    s.prior = prior
+    x, y, _ = s.synthesize_all(prior.encode_prompts(class_prompts(DATASET, shard.info.class_names)), 10)
+    assert len(x) == len(y) == len(shard.train)  # ratio 1, from the one valid upload
+    with pytest.raises(RuntimeError, match="min-clients"):  # too few valid uploads stops the run
+        _strategy(tmp_path, prior, **{"min-clients": 2}).aggregate_train(1, replies[1:])
+
+
+# ---- synthesis ---------------------------------------------------------------------------------------------
+def test_plan_synthesis_follows_ratio_cluster_sizes_and_switches(prior, shard, upload):
+    opts, up = _opts(**{"espresso.ratio": 2.0}), upload
+    pc = prior.encode_prompts(class_prompts(DATASET, shard.info.class_names))
+    labels, noise, cond = server.plan_synthesis(up, opts, pc, prior.latent_shape, seed=5)
+    assert torch.equal(torch.bincount(labels, minlength=10), 2 * up["class_counts"])
+    assert noise.shape == (len(labels), 3, 16, 16) and cond.shape == (len(labels), *prior.cond_shape)
+    # every picked condition is one of its class's uploaded conditions
+    same = (cond[:, None] == up["embeddings"][None]).flatten(2).all(2)  # (N, E): row n is embedding e
+    assert (same.sum(1) == 1).all() and torch.equal(up["embedding_class"][same.float().argmax(1)], labels)
+    # switching init keeps the conditions (separate generators); prompts use the prompt encodings
+    _, noise_g, cond_g = server.plan_synthesis(up, dataclasses.replace(opts, init="gaussian"), pc,
+                                               prior.latent_shape, seed=5)
+    assert torch.equal(cond_g, cond) and not torch.equal(noise_g, noise)
+    _, _, cond_p = server.plan_synthesis(up, dataclasses.replace(opts, conditions="prompts"), pc,
+                                         prior.latent_shape, seed=5)
+    assert torch.equal(cond_p, pc[labels])
+
+
+def test_baselines_pin_their_switches_for_server_and_clients(tmp_path, prior):
+    p = _strategy(tmp_path, prior, method="prompts")
+    assert (p.opts.conditions, p.opts.init, p.opts.sampler) == ("prompts", "gaussian", "ddim")
+    rec = p.run_config_record()
+    assert rec["espresso.conditions"] == "prompts" and rec["method"] == "prompts"
+    assert parse_run_config(dict(rec)).options.conditions == "prompts"  # what the client parses
+    c = _strategy(tmp_path, prior, method="class-embed")
+    assert (c.opts.conditions, c.opts.init, c.opts.sampler) == ("class", "gaussian", "ddim")
+    assert _strategy(tmp_path, prior).opts.conditions == "cluster"
+
+
+def test_zigzag_needs_gamma2_below_gamma1():
+    with pytest.raises(ConfigError, match="espresso.gamma2"):
+        parse_run_config({"method": "espresso", "espresso.gamma1": 2.0, "espresso.gamma2": 2.0})
+    assert parse_run_config({"method": "espresso", "espresso.sampler": "ddim", "espresso.gamma2": 9.0})
+
+
+# ---- in-process protocol: the real client handlers behind a fake grid ----------------------------------------
+class _HandlerGrid:
+    """Delivers each message to fedapp.client_app.handle for node n (partition n - 1)."""
+
+    def __init__(self, n, cannot_load=(), mutate=None):
+        self.n, self.cannot_load, self.mutate, self.sent = n, set(cannot_load), mutate, []
+
+    def get_node_ids(self):
+        return list(range(1, self.n + 1))
+
+    def send_and_receive(self, messages, timeout=None):
+        from fedapp import client_app
+
+        out = []
+        for m in messages:
+            self.sent.append(m)
+            node = m.metadata.dst_node_id
+            ctx = Context(run_id=1, node_id=node, node_config={"partition-id": node - 1, "num-partitions": self.n},
+                          state=RecordDict(), run_config={})
+            if node in self.cannot_load and "prior" not in m.content.config_records:
+                # another machine: the server's prior folder does not exist there
+                m.content.config_records["config"]["prior"] = "/nonexistent/prior"
+            reply = client_app.handle(m, ctx)
+            reply.metadata._src_node_id = node
+            if self.mutate:
+                self.mutate(node, reply)
+            out.append(reply)
+        return out
+
+
+def test_a_client_that_cannot_load_the_prior_asks_and_gets_its_bytes(tmp_path, prior_dir, monkeypatch):
+    from fedapp.models import prior_to_bytes
+    from strategies.base import MeteredGrid
+
+    monkeypatch.setenv("FEDAPP_CACHE", str(tmp_path / "cache"))
+    cfg = {"method": "espresso", "dataset": DATASET, "partitioner": "domain", "partitioner.per-class": 2,
+           "prior": str(prior_dir), "min-clients": 2, "out-dir": str(tmp_path), **FAST}
+    s = fedapp.registry.strategy_class("espresso")(
+        ServerRun(cfg=parse_run_config({**all_defaults(), **cfg}), out=RunDir(tmp_path / "run")))
+    grid = _HandlerGrid(2, cannot_load={2})
+    metrics = s.execute(MeteredGrid(grid, s.run))
+    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert [m.metadata.dst_node_id for m in train] == [1, 2, 2]  # node 2 asked, got the prior, answered
+    assert "prior" not in train[0].content.config_records
+    assert train[2].content.config_records["prior"]["bytes"] == prior_to_bytes(prior_dir)
+    shipped = list((tmp_path / "cache" / "priors").glob("shipped-*"))
+    assert len(shipped) == 1 and (shipped[0] / "unet").is_dir()  # unpacked on the client, content-addressed
+    assert sorted(metrics["upload_bytes_per_client"]) == ["0", "1"] and s.run.failures == []
+    assert 0 <= metrics["accuracy"] <= 1 and set(metrics["per_client_accuracy"]) == {"0", "1"}
+
+
+def test_centralized_is_an_oracle_on_the_union_of_client_shards(tmp_path):
+    from strategies.base import MeteredGrid
+    from strategies.centralized import union_of_client_shards
+
+    cfg = parse_run_config({**all_defaults(), "method": "centralized", "dataset": DATASET, "partitioner": "domain",
+                            "partitioner.per-class": 4, "min-clients": 2, "server-epochs": 2,
+                            "out-dir": str(tmp_path)})
+    x, y = union_of_client_shards(cfg, 2)
+    assert len(x) == 2 * 40 and torch.equal(torch.bincount(y), torch.full((10,), 8))
+    s = fedapp.registry.strategy_class("centralized")(ServerRun(cfg=cfg, out=RunDir(tmp_path / "run")))
+    grid = _HandlerGrid(2)
+    metrics = s.execute(MeteredGrid(grid, s.run))
+    assert metrics["oracle"] and metrics["num_train"] == 80
+    assert {m.metadata.message_type for m in grid.sent} == {"evaluate"}  # clients upload nothing
+    assert set(metrics["domain_accuracy"]) == {"photo", "sketch", "clipart", "quickdraw"}
+
+
+# ---- end to end: Ray simulation ----------------------------------------------------------------------------
+def test_espresso_end_to_end_simulation(tmp_path, prior_dir, monkeypatch):
+    monkeypatch.setenv("FEDAPP_CACHE", str(tmp_path / "cache"))  # where clients unpack the shipped prior
+    s = fedapp.simulate({"method": "espresso", "dataset": DATASET, "partitioner": "domain",
+                         "partitioner.per-class": 2, "prior": str(prior_dir), "espresso.ship-prior": "always",
+                         "min-clients": 2, "out-dir": str(tmp_path), **FAST}, num_clients=2)
+    assert s["status"] == "completed" and s["failures"] == []
+    m = s["metrics"]
+    assert 0 <= m["accuracy"] <= 1
+    assert set(m["domain_accuracy"]) == {"photo", "sketch", "clipart", "quickdraw"}
+    assert m["client_domain"] == {"0": "photo", "1": "sketch"}
+    assert set(m["per_client_accuracy"]) == {"0", "1"} and m["num_synthetic"] == 2 * 20
+    assert all(b > 0 for b in m["upload_bytes_per_client"].values()) and m["classifier_bytes"] > 0
+    assert m["options"]["conditions"] == "cluster"
+    run = Path(s["run_dir"])
+    assert (run / "images" / "synthetic_client0_photo.png").exists()
+    # the prior's weights went down in the train message (ship-prior=always)
+    by_phase = json.loads((run / "comm.json").read_text())["by_phase"]
+    assert all(p["train"]["down"] > 1_000_000 for p in by_phase.values())

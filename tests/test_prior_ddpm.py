@@ -1,0 +1,80 @@
+"""The small DDPM for PFDM: levels, loss, training signal, sampling over sub-ranges."""
+
+import pytest
+import torch
+
+from fedapp.models.ddpm import DDPM
+
+
+def toy(n=16, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 2
+    x = torch.full((n, 3, 8, 8), -0.8)
+    x[y == 1] = 0.8  # class 0 dark, class 1 bright
+    return x + 0.05 * torch.randn(x.shape, generator=g), y
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    return DDPM(image_size=8, num_classes=2, flag=True, block_out_channels=(16, 32), attention=False)
+
+
+def test_levels_follow_the_paper(model):
+    # abar_0 = 1 and abar_t = prod_{s<=t} (1 - beta_s), linear betas 1e-4 .. 0.02
+    assert model.abar[0] == 1 and torch.isclose(model.abar[1], torch.tensor(1 - 1e-4))
+    assert torch.allclose(model.abar[1:], torch.cumprod(1 - model.betas[1:], 0))
+    x0, z = torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 8)
+    a = model.abar[690]
+    assert torch.allclose(model.add_noise(x0, z, 690), a.sqrt() * x0 + (1 - a).sqrt() * z)
+
+
+def test_loss_finite_and_decreases(model):
+    x, y = toy()
+    flag = torch.arange(len(x)) % 2
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+    losses = []
+    for _ in range(20):
+        loss = model.loss(x, y, flag, generator=g)
+        assert torch.isfinite(loss)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert sum(losses[-5:]) / 5 < 0.75 * sum(losses[:5]) / 5
+    # PFDM's shared model: levels (t0, T] only, from uploads at level t0
+    x_t0 = model.add_noise(x, torch.randn_like(x), 690)
+    assert torch.isfinite(model.loss(x_t0, y, t_range=(690, 1000), source_t=690))
+    with pytest.raises(ValueError):
+        model.loss(x, y, t_range=(600, 1000), source_t=690)
+
+
+def test_source_t_target_is_unbiased_for_eps():
+    # E[target | x_t] = E[eps_total | x_t]: check the linear-Gaussian identity on 1-D data x0 = 0
+    m = DDPM(image_size=8, block_out_channels=(16, 32), attention=False)
+    s, t = 600, 800
+    r = m.abar[t] / m.abar[s]
+    n = 200_000
+    g = torch.Generator().manual_seed(0)
+    z, e = torch.randn(n, generator=g), torch.randn(n, generator=g)
+    x_s = (1 - m.abar[s]).sqrt() * z  # x0 = 0
+    x_t = r.sqrt() * x_s + (1 - r).sqrt() * e
+    target = e * (1 - m.abar[t]).sqrt() / (1 - r).sqrt()
+    eps_total = x_t / (1 - m.abar[t]).sqrt()  # the true eps given x0 = 0
+    # regress both on x_t: equal slopes
+    slope = lambda v: (v * x_t).mean() / (x_t * x_t).mean()  # noqa: E731
+    assert abs(slope(target) - slope(eps_total)) < 0.02
+
+
+def test_sampling_sub_ranges(model):
+    g = torch.Generator().manual_seed(0)
+    y = torch.tensor([0, 1, -1])
+    mid = model.sample(3, y, flag=torch.tensor([1, 1, 1]), t_start=1000, t_end=690, steps=5, generator=g)
+    assert mid.shape == (3, 3, 8, 8) and torch.isfinite(mid).all()
+    out = model.sample(3, y, flag=torch.tensor([0, 0, 0]), t_start=690, t_end=0, x_start=mid, steps=5, generator=g)
+    assert out.shape == (3, 3, 8, 8) and out.abs().max() <= 1 + 1e-5
+    anc = model.sample(2, torch.tensor([0, 1]), t_start=20, t_end=0, generator=g)  # ancestral, every level
+    assert torch.isfinite(anc).all()
+    unc = DDPM(image_size=8, block_out_channels=(16, 32), attention=False)
+    assert unc.sample(2, steps=3, generator=g).shape == (2, 3, 8, 8)
