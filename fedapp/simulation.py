@@ -8,7 +8,18 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
+import os
+import sys
+
 from fedapp.config import all_defaults, check_data, normalize_keys, parse_run_config
+
+
+def _keep_ray_on_loopback() -> None:
+    """Ray on Linux resolves 127.0.0.1 to the machine's routable address unless its
+    "cluster" mode is off; off, every Ray process binds to the loopback interface."""
+    os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read by Ray at import
+    if "ray._private.ray_constants" in sys.modules:  # Ray already imported in this process
+        sys.modules["ray._private.ray_constants"].ENABLE_RAY_CLUSTER = False
 
 
 def simulate(run_config: Mapping[str, Any], num_clients: int, backend: dict | None = None,
@@ -20,6 +31,7 @@ def simulate(run_config: Mapping[str, Any], num_clients: int, backend: dict | No
     "num_gpus": 0.25}}; Ray binds to 127.0.0.1 and keeps its files in a temp dir.
     `client_mods` are Flower client mods (tests use one to inject failures).
     """
+    _keep_ray_on_loopback()
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
