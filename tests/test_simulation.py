@@ -55,3 +55,12 @@ def test_a_client_that_raises_is_recorded_and_the_run_completes(tmp_path):
     assert len(s["failures"]) == 1 and s["failures"][0]["phase"] == "train"
     assert "disk on fire" in s["failures"][0]["reason"]
     assert s["metrics"]["accuracy"] > 0.1
+
+
+def test_ray_resolves_localhost_to_loopback_not_the_routable_address():
+    from fedapp.simulation import _keep_ray_on_loopback
+
+    _keep_ray_on_loopback()
+    from ray._private import services
+
+    assert services.resolve_ip_for_localhost("127.0.0.1") in ("127.0.0.1", "::1")
