@@ -70,10 +70,10 @@ def assign_conditions(y: torch.Tensor, features: torch.Tensor | None, classes: l
 # ---- 2. fine-grained condition learning (Eq. 8) --------------------------------------------------
 def diffusion_loss(prior, z0: torch.Tensor, cond: torch.Tensor, t: torch.Tensor,
                    eps: torch.Tensor) -> torch.Tensor:
-    """Eq. (8) per sample: ||eps - eps_theta(sqrt(abar_t) z0 + sqrt(1-abar_t) eps, t, c)||^2 (mean over pixels)."""
-    z_t = prior.add_noise(z0, eps, t)
-    pred = prior.predict_noise(z_t, t, cond, guidance=1.0)
-    return (pred - eps).pow(2).flatten(1).mean(1)
+    """Eq. (8), mean over the batch: ||eps - eps_theta(sqrt(abar_t) z0 + sqrt(1-abar_t) eps, t, c)||^2 --
+    the prior's own training objective (Prior.loss: this for an eps-prior, its v/x0 target otherwise),
+    with the gradient reaching the raw condition c."""
+    return prior.loss(z0, cond, t, eps)
 
 
 def learn_conditions(prior, z0: torch.Tensor, owner: torch.Tensor, init: torch.Tensor, *, steps: int,
@@ -96,7 +96,7 @@ def learn_conditions(prior, z0: torch.Tensor, owner: torch.Tensor, init: torch.T
         idx = torch.randint(0, n, (b,), generator=g).to(device)
         t = torch.randint(0, prior.num_train_timesteps, (b,), generator=g).to(device)
         eps = torch.randn(b, *z0.shape[1:], generator=g).to(device, prior.dtype)
-        loss = diffusion_loss(prior, z0[idx], c[owner[idx]], t, eps).mean()
+        loss = diffusion_loss(prior, z0[idx], c[owner[idx]], t, eps)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -163,6 +163,8 @@ def espresso_upload(prior, x: torch.Tensor, y: torch.Tensor, *, num_classes: int
     counts = torch.bincount(y, minlength=num_classes)
     classes = [int(c) for c in torch.nonzero(counts).flatten()]
     out: dict[str, torch.Tensor] = {"class_counts": counts}
+    if not needs_prior(opts):
+        return out
     z0 = prior.encode_images(x).float().cpu()  # E(x)
     if opts.conditions != "prompts":
         feats = class_features(prior, x, opts.features, extractor) if opts.conditions == "cluster" else None
@@ -185,6 +187,11 @@ def espresso_upload(prior, x: torch.Tensor, y: torch.Tensor, *, num_classes: int
 
 
 # ---- Flower handler ------------------------------------------------------------------------------
+def needs_prior(opts: Any) -> bool:
+    """Prompts-only with Gaussian noise uploads class counts only: no prior needed on the client."""
+    return opts.conditions != "prompts" or opts.init == "gmm"
+
+
 def load_client_prior(msg: Message, cfg, device: str):
     """The prior: unpacked from the message when the server shipped it (prior_to_bytes), else loaded
     locally; None when neither works and the server may ship it (the client then asks)."""
@@ -208,8 +215,8 @@ def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
     from fedapp.models.text import class_prompts
 
     cfg, opts = ctx.cfg, ctx.cfg.options
-    prior, why = load_client_prior(msg, cfg, ctx.device)
-    if prior is None:
+    prior, why = load_client_prior(msg, cfg, ctx.device) if needs_prior(opts) else (None, None)
+    if prior is None and why is not None:
         log.info("client %d cannot load prior %r (%s): asking the server for it", ctx.partition_id, cfg.prior, why)
         return RecordDict({REQUEST_KEY: ConfigRecord({"needs-prior": True, "reason": why})})
     shard = ctx.shard

@@ -337,6 +337,7 @@ class EspressoStrategy(OneShotStrategy):
         self.uploads: dict[int, dict[str, torch.Tensor]] = {}  # partition id -> validated upload
         self.upload_bytes: dict[int, int] = {}
         self.domains: dict[int, str] = {}  # partition id -> domain, when the data has domains
+        self.client_seconds: dict[int, float] = {}  # partition id -> seconds of its client work
         self.prior = None
         self._prior_bytes: bytes | None = None
         self._check: dict[str, Any] = {}
@@ -366,10 +367,14 @@ class EspressoStrategy(OneShotStrategy):
             pid = pid if pid is not None else r.metadata.src_node_id
             self.uploads[pid] = upload_tensors(r.content.array_records[UPLOAD_KEY])
             self.upload_bytes[pid] = record_nbytes(RecordDict({UPLOAD_KEY: r.content.array_records[UPLOAD_KEY]}))
+            m = r.content.metric_records.get("metrics")
+            if m is not None and "client-seconds" in m:
+                self.client_seconds[pid] = round(float(m["client-seconds"]), 2)
             domain = r.content.config_records.get(CLIENT_KEY, {}).get("domain")
             if isinstance(domain, str):
                 self.domains[pid] = domain
-        log.info("[train] kept uploads of clients %s (min-clients=%d)", sorted(self.uploads), cfg.min_clients)
+        log.info("[train] kept uploads of clients %s (min-clients=%d); client seconds %s", sorted(self.uploads),
+                 cfg.min_clients, self.client_seconds)
         return None, MetricRecord({"num-uploads": len(kept)})
 
     # fedapp -------------------------------------------------------------------------------------------
@@ -384,8 +389,14 @@ class EspressoStrategy(OneShotStrategy):
             self._prior_bytes = prior_to_bytes(folder)
         return self._prior_bytes
 
+    def clients_need_prior(self) -> bool:
+        """Prompts-only with Gaussian noise: the clients upload class counts only (no prior)."""
+        return self.opts.conditions != "prompts" or self.opts.init == "gmm"
+
     def ship_first(self) -> bool:
         spec = self.run.cfg.prior
+        if not self.clients_need_prior():
+            return False
         return self.opts.ship_prior == "always" or (
             self.opts.ship_prior == "auto" and (spec == "tiny" or spec.startswith("tiny:")))
 
@@ -397,14 +408,19 @@ class EspressoStrategy(OneShotStrategy):
                                                                   ship=self.ship_first()),
                                              timeout=cfg.round_timeout))
         asking = [r for r in replies if not r.has_error() and REQUEST_KEY in r.content.config_records]
-        if asking and self.opts.ship_prior != "never":
+        if asking:
             nodes = sorted(r.metadata.src_node_id for r in asking)
-            log.info("[train] %d client(s) cannot load the prior: shipping it (%d bytes)", len(nodes),
-                     len(self.prior_bytes()))
-            again = grid.send_and_receive(self.configure_train(1, ArrayRecord(), config, grid, nodes, ship=True),
-                                          timeout=cfg.round_timeout)
             asked = {id(r) for r in asking}
-            replies = [r for r in replies if id(r) not in asked] + list(again)
+            replies = [r for r in replies if id(r) not in asked]
+            try:
+                size = len(self.prior_bytes())
+            except RuntimeError as err:  # nothing to ship (hub id): those clients are out
+                for n in nodes:
+                    self.run.fail(n, "train", f"cannot load the prior and it cannot be shipped: {err}")
+            else:
+                log.info("[train] %d client(s) cannot load the prior: shipping it (%d bytes)", len(nodes), size)
+                replies += list(grid.send_and_receive(
+                    self.configure_train(1, ArrayRecord(), config, grid, nodes, ship=True), timeout=cfg.round_timeout))
         self.aggregate_train(1, replies)
 
     def synthesize_all(self, prompt_cond: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -449,6 +465,7 @@ class EspressoStrategy(OneShotStrategy):
         metrics = self.evaluate_classifier(grid, model, server)
         metrics.update({
             "upload_bytes_per_client": {str(k): v for k, v in sorted(self.upload_bytes.items())},
+            "client_seconds": {str(k): v for k, v in sorted(self.client_seconds.items())},
             "num_synthetic": len(x), "unet_evals_per_image": evals,
             "options": {k.replace("_", "-"): v for k, v in dataclasses.asdict(self.opts).items()},
         })

@@ -50,10 +50,15 @@ PAPER = {
 LAST = 5  # the cell: mean accuracy of the last 5 rounds
 
 
+def uses_prior(method: str) -> bool:
+    return METHODS[method][1]["method"] == "feddifrc"
+
+
 class InProcessGrid:
     """The part of Flower's Grid that fedapp's server uses (get_node_ids, send_and_receive), serving
     each Message with `fedapp.client_app.handle` on a per-node Context (state kept across rounds).
-    A handler's exception becomes an error reply, as Flower's ClientApp would send."""
+    A handler's exception becomes an error reply, as Flower's ClientApp would send. Replies come back
+    in node order."""
 
     def __init__(self, num_nodes: int):
         from flwr.app import Context, RecordDict
@@ -75,7 +80,9 @@ class InProcessGrid:
         from fedapp.client_app import handle
 
         replies = []
-        for msg in messages:
+        # node order, not Flower's random.sample order: the float sum of the aggregation then does not
+        # depend on the order, and a cell is reproducible (non-IID FedAvg amplifies the last-bit noise)
+        for msg in sorted(messages, key=lambda m: m.metadata.dst_node_id):
             try:
                 replies.append(handle(msg, self.nodes[msg.metadata.dst_node_id]))
             except Exception as err:  # noqa: BLE001 - recorded by the server like a remote failure
@@ -199,7 +206,7 @@ def main(argv: list[str]) -> None:
     out = Path(a.out)
     json_path = out / "feddifrc.json"
     setup = {"dataset": a.dataset, "clients": a.clients, "rounds": a.rounds, "local_epochs": a.local_epochs,
-             "lr": a.lr, "batch_size": a.batch_size, "prior": a.prior, "backend": a.backend, "last_rounds": LAST}
+             "lr": a.lr, "batch_size": a.batch_size, "backend": a.backend, "last_rounds": LAST}
     results: dict[str, Any] = {}
     if json_path.exists() and not a.fresh:
         old = json.loads(json_path.read_text())
@@ -209,8 +216,9 @@ def main(argv: list[str]) -> None:
     for seed in seeds:  # seed-major: a seed's splits share one noise draw, so raw features are reused
         for s in splits:
             for m in methods:
-                if str(seed) in results.get(s, {}).get(m, {}):
-                    continue
+                done = results.get(s, {}).get(m, {}).get(str(seed))
+                if done is not None and (not uses_prior(m) or done.get("prior") == a.prior):
+                    continue  # measured under this setup (and, for FedDifRC rows, with this prior)
                 flat = {"dataset": a.dataset, "num-server-rounds": a.rounds, "local-epochs": a.local_epochs,
                         "lr": a.lr, "batch-size": a.batch_size,
                         "seed": seed, "prior": a.prior, "min-clients": 2, "device": "cpu",
@@ -219,6 +227,8 @@ def main(argv: list[str]) -> None:
                 summary = run_cell(flat, a.clients, a.backend)
                 row = {"curve": curve(summary), "seconds": round(time.time() - t0, 1),
                        "failures": len(summary.get("failures", []))}
+                if uses_prior(m):
+                    row["prior"] = a.prior
                 for k in ("representation_cache_bytes_total", "feature_seconds_total"):
                     if k in summary["metrics"]:
                         row[k] = summary["metrics"][k]

@@ -61,8 +61,10 @@ class DDPM(nn.Module):
         return a.sqrt() * x0 + (1 - a).sqrt() * noise
 
     def loss(self, x0: torch.Tensor, y=None, flag=None, t_range: tuple[int, int] = (0, 1000),
-             source_t: int | None = None, generator: torch.Generator | None = None) -> torch.Tensor:
+             source_t: int | None = None, generator: torch.Generator | None = None,
+             reduction: str = "mean") -> torch.Tensor:
         """Epsilon MSE with t uniform in (lo, hi] (levels; PFDM's shared model: t_range=(t0, T)).
+        reduction="none": one loss per sample (membership-inference scores).
 
         source_t: x0 is not clean but a sample at level s = source_t (PFDM's uploads, s = t0 < lo + 1).
         Then x_t = sqrt(abar_t/abar_s) x_s + sqrt(1 - abar_t/abar_s) eps' and the unbiased
@@ -83,6 +85,8 @@ class DDPM(nn.Module):
             x_t = r.sqrt() * x0 + (1 - r).sqrt() * noise
             a_t = self.abar[t].view_as(r)
             target = noise * (1 - a_t).sqrt() / (1 - r).sqrt()
+        if reduction == "none":
+            return F.mse_loss(self.eps(x_t, t, y, flag), target, reduction="none").flatten(1).mean(1)
         return F.mse_loss(self.eps(x_t, t, y, flag), target)
 
     # ---- sampling -----------------------------------------------------------------------------------
@@ -118,3 +122,36 @@ class DDPM(nn.Module):
                 mean = mean + var.sqrt() * torch.randn(shape, generator=generator).to(device)
             x = mean
         return x
+
+
+def build_ddpm(image_size: int, num_classes: int, flag: bool = False, channels: str | tuple = (16, 32),
+               attention: bool = False) -> DDPM:
+    """A DDPM from config-style sizes (`channels` "16,32" or a tuple of block widths)."""
+    if isinstance(channels, str):
+        channels = tuple(int(c) for c in channels.split(",") if c.strip())
+    return DDPM(image_size=image_size, num_classes=num_classes, flag=flag, block_out_channels=tuple(channels),
+                attention=attention)
+
+
+def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag: torch.Tensor | None = None, *,
+               steps: int, batch: int = 64, lr: float = 2e-3, seed: int = 0, t_range: tuple[int, int] | None = None,
+               source_t: int | None = None, device: str = "cpu") -> float:
+    """`steps` Adam steps on minibatches drawn uniformly from (x, y, flag), all draws seeded; returns the
+    mean loss of the last 10% of steps."""
+    model.to(device).train()
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    t_range = t_range or (0, model.T)
+    tail = []
+    for step in range(steps):
+        idx = torch.randint(0, len(x), (min(batch, len(x)),), generator=g)
+        yb = None if y is None else y[idx].to(device)
+        fb = None if flag is None else flag[idx].to(device)
+        loss = model.loss(x[idx].to(device), yb, fb, t_range=t_range, source_t=source_t, generator=g)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        if step >= steps - max(1, steps // 10):
+            tail.append(loss.item())
+    model.eval()
+    return sum(tail) / len(tail)

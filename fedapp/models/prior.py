@@ -160,6 +160,21 @@ class Prior:
         a = self._abar(t, x0)
         return a.sqrt() * x0 + (1 - a).sqrt() * noise
 
+    def loss(self, z0: torch.Tensor, cond: Condition, t: torch.Tensor | None = None, noise: torch.Tensor | None = None,
+             generator: torch.Generator | None = None) -> torch.Tensor:
+        """The prior's own training objective, E_{t,eps} ||target - net(z_t, t, c)||^2 with the target of its
+        prediction type (eps, v or x0); gradients reach a raw condition `cond` (Espresso's Eq. 8). For an
+        eps-prior this is exactly E||eps - eps_theta(sqrt(abar_t) z0 + sqrt(1-abar_t) eps, t, c)||^2."""
+        batch = z0.shape[0]
+        if t is None:
+            t = torch.randint(0, self.num_train_timesteps, (batch,), generator=generator)
+        if noise is None:
+            noise = torch.randn(z0.shape, generator=generator)
+        t, noise = self._timestep(t, batch), noise.to(self.device, self.dtype)
+        out = self.unet(self.add_noise(z0, noise, t), t, encoder_hidden_states=self.condition(cond, batch)).sample
+        self.unet_rows += batch
+        return torch.nn.functional.mse_loss(out, diffusion_target(self.prediction_type, z0, noise, self._abar(t, z0)))
+
     def timesteps(self, num_steps: int) -> torch.Tensor:
         """DDIM timesteps, descending ("leading" spacing + the pipeline's steps_offset)."""
         return samplers.leading_timesteps(num_steps, self.num_train_timesteps, self.steps_offset)
@@ -215,6 +230,17 @@ class Prior:
         folder.mkdir(parents=True, exist_ok=True)
         save_components(folder, self.tokenizer, self.text_encoder, self.unet, self.scheduler, self.vae)
         return folder
+
+
+def diffusion_target(prediction_type: str, z0: torch.Tensor, noise: torch.Tensor, abar_t: torch.Tensor) -> torch.Tensor:
+    """Regression target of a diffusion net: eps; v = sqrt(abar) eps - sqrt(1-abar) z0 (Salimans & Ho 2022); z0."""
+    if prediction_type == "epsilon":
+        return noise
+    if prediction_type == "v_prediction":
+        return abar_t.sqrt() * noise - (1 - abar_t).sqrt() * z0
+    if prediction_type == "sample":
+        return z0
+    raise ValueError(f"prediction_type={prediction_type!r}: allowed 'epsilon', 'v_prediction', 'sample'")
 
 
 def save_components(folder: Path, tokenizer, text_encoder, unet, scheduler, vae=None) -> None:

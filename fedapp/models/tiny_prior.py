@@ -45,16 +45,25 @@ class TinyPriorConfig:
     text_layers: int = 2
     text_heads: int = 4
     max_tokens: int = 8  # L: "<bos> a photo of the digit three <eos>"
-    # noise schedule: pixel space wants the DDPM linear betas (abar_T ~ 4e-5), not SD's scaled_linear
+    # also pool the condition sequence into the time embedding (diffusers addition_embed_type="text",
+    # as in DeepFloyd IF): a global path for the class besides cross-attention
+    text_time_embedding: bool = True
+    # noise schedule and parametrisation
+    beta_schedule: str = "squaredcos_cap_v2"  # or "linear" (beta_start..beta_end)
     beta_start: float = 1e-4
     beta_end: float = 0.02
+    prediction_type: str = "v_prediction"  # or "epsilon"
     # training
     batch_size: int = 64
     lr: float = 2e-3
+    text_lr_mult: float = 0.1  # measured: at the UNet's lr the jointly trained text encoder collapsed
+    #                            all prompts onto one output within 5 steps (class spread 0.0126 -> 0.0005)
+    token_init_std: float = 1.0  # CLIP's 0.02 leaves the class token a whisper next to the positions
     weight_decay: float = 0.01
     warmup: float = 0.05  # share of steps with linear warm-up, then cosine to 0
     ema_decay: float = 0.995
     p_uncond: float = 0.1  # share of empty prompts (classifier-free guidance)
+    t_sampling: str = "uniform"  # or "logit_normal" (t/T ~ sigmoid(N(0, 1)): more mid-noise steps)
     extra_words: tuple[str, ...] = field(default_factory=tuple)
 
 
@@ -95,10 +104,14 @@ def build_modules(config: TinyPriorConfig, words: list[str], image_size: int = 1
         block_out_channels=tuple(config.block_out_channels), down_block_types=down, up_block_types=up,
         layers_per_block=config.layers_per_block, cross_attention_dim=config.text_hidden,
         attention_head_dim=config.attention_heads,  # diffusers' legacy name: this is the number of heads
-        norm_num_groups=config.norm_num_groups)
+        norm_num_groups=config.norm_num_groups,
+        **(dict(addition_embed_type="text", addition_embed_type_num_heads=config.text_heads)
+           if config.text_time_embedding else {}))
     scheduler = DDIMScheduler(num_train_timesteps=1000, beta_start=config.beta_start, beta_end=config.beta_end,
-                              beta_schedule="linear", clip_sample=True, set_alpha_to_one=True, steps_offset=0,
-                              prediction_type="epsilon", timestep_spacing="leading")
+                              beta_schedule=config.beta_schedule, clip_sample=True, set_alpha_to_one=True,
+                              steps_offset=0, prediction_type=config.prediction_type, timestep_spacing="leading")
+    with torch.no_grad():
+        text_encoder.get_input_embeddings().weight.normal_(0.0, config.token_init_std)
     return tokenizer, text_encoder, unet, scheduler
 
 
@@ -173,6 +186,8 @@ def train_tiny_prior(x: torch.Tensor, y: torch.Tensor, prompts: list[str], confi
 
     from tqdm.auto import tqdm
 
+    from .prior import diffusion_target
+
     torch.manual_seed(seed)
     g = torch.Generator().manual_seed(seed)
     words = prompt_words(prompts + list(config.extra_words))
@@ -181,13 +196,16 @@ def train_tiny_prior(x: torch.Tensor, y: torch.Tensor, prompts: list[str], confi
     ids = tokenizer(prompts + [""], padding="max_length", max_length=config.max_tokens, truncation=True,
                     return_tensors="pt").input_ids  # (K+1, L); the last row is the empty prompt
     abar = scheduler.alphas_cumprod
+    T = scheduler.config.num_train_timesteps
     params = list(unet.parameters()) + list(text_encoder.parameters())
-    opt = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+    opt = torch.optim.AdamW([{"params": list(unet.parameters()), "lr": config.lr},
+                             {"params": list(text_encoder.parameters()), "lr": config.lr * config.text_lr_mult}],
+                            weight_decay=config.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, steps, config.warmup))
     ema_unet, ema_text = copy.deepcopy(unet).requires_grad_(False), copy.deepcopy(text_encoder).requires_grad_(False)
     unet.train(), text_encoder.train()
     n, perm, pos = len(x), torch.randperm(len(x), generator=g), 0
-    losses, t0 = [], time.time()
+    losses, t0, cpu0 = [], time.time(), time.process_time()
     bar = tqdm(range(steps), desc="tiny prior", disable=not progress, mininterval=2)
     for step in bar:
         if pos + config.batch_size > n:
@@ -197,12 +215,16 @@ def train_tiny_prior(x: torch.Tensor, y: torch.Tensor, prompts: list[str], confi
         x0 = x[idx]
         label = y[idx].clone()
         label[torch.rand(len(idx), generator=g) < config.p_uncond] = len(prompts)  # empty prompt
-        t = torch.randint(0, scheduler.config.num_train_timesteps, (len(idx),), generator=g)
+        if config.t_sampling == "logit_normal":
+            t = (torch.sigmoid(torch.randn(len(idx), generator=g)) * T).long().clamp(0, T - 1)
+        else:
+            t = torch.randint(0, T, (len(idx),), generator=g)
         eps = torch.randn(x0.shape, generator=g)
         a = abar[t].view(-1, 1, 1, 1)
         z_t = a.sqrt() * x0 + (1 - a).sqrt() * eps
         cond = text_encoder(ids[label]).last_hidden_state
-        loss = F.mse_loss(unet(z_t, t, encoder_hidden_states=cond).sample, eps)
+        target = diffusion_target(config.prediction_type, x0, eps, a)
+        loss = F.mse_loss(unet(z_t, t, encoder_hidden_states=cond).sample, target)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, 1.0)
@@ -217,7 +239,10 @@ def train_tiny_prior(x: torch.Tensor, y: torch.Tensor, prompts: list[str], confi
         losses.append(loss.item())
         if step % 20 == 0:
             bar.set_postfix(loss=f"{sum(losses[-20:]) / len(losses[-20:]):.4f}")
-    facts = {"steps": steps, "seconds": round(time.time() - t0, 1),
+    # cpu_seconds: this process's CPU time; with 1 thread it is the wall time the build takes on an idle
+    # core, whatever else shares the machine (wall `seconds` grows with the machine's load)
+    facts = {"steps": steps, "seconds": round(time.time() - t0, 1), "cpu_seconds": round(time.process_time() - cpu0, 1),
+             "threads": torch.get_num_threads(), "load_average": round(os.getloadavg()[0], 1),
              "final_loss": round(sum(losses[-50:]) / len(losses[-50:]), 5), "num_images": n,
              "batch_size": config.batch_size, "lr": config.lr, "ema_decay": config.ema_decay,
              "unet_params": sum(p.numel() for p in unet.parameters()),
@@ -347,6 +372,26 @@ def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
             "samples_per_class": per_class, "sample_steps": num_steps, "reference_classifier_seconds": round(ref_seconds, 1)}
 
 
+def parse_overrides(items: list[str]) -> TinyPriorConfig:
+    """["lr=3e-3", "block_out_channels=32,64,64"] -> TinyPriorConfig with those fields replaced."""
+    import dataclasses
+
+    base = TinyPriorConfig()
+    changes = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        if key not in {f.name for f in dataclasses.fields(base)}:
+            raise ValueError(f"--set {item!r}: unknown key; allowed {[f.name for f in dataclasses.fields(base)]}")
+        old = getattr(base, key)
+        if isinstance(old, tuple):
+            changes[key] = tuple(type(old[0])(v) if old else v for v in value.split(",") if v)
+        elif isinstance(old, bool):
+            changes[key] = value.lower() in ("1", "true", "yes")
+        else:
+            changes[key] = type(old)(value)
+    return dataclasses.replace(base, **changes)
+
+
 def auto_threads() -> int:
     """Torch threads for CPU training: all cores, but 1 when other processes already load the machine
     (measured here: with the 2 cores oversubscribed, 2 OpenMP threads made a step 5-50x slower than 1)."""
@@ -368,11 +413,14 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--docs", default="docs", help="folder for the sample grid and figures ('' to skip)")
     p.add_argument("--no-eval", action="store_true")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: auto from the load)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="override TinyPriorConfig fields (tuning), e.g. --set lr=3e-3 batch_size=128")
     a = p.parse_args(argv)
+    config = parse_overrides(a.set)
     torch.set_num_threads(a.threads or auto_threads())
     print(f"torch threads: {torch.get_num_threads()} (load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores)")
     t0 = time.time()
-    folder = build_tiny_prior(a.dataset, a.image_size, a.steps, a.seed, a.cache_dir)
+    folder = build_tiny_prior(a.dataset, a.image_size, a.steps, a.seed, a.cache_dir, config=config)
     build_seconds = time.time() - t0
     print(f"prior: {folder} ({build_seconds:.0f} s this call)")
     if a.no_eval:

@@ -1,0 +1,144 @@
+"""DCFM (ICML 2026) client side, and the flow-matching baselines' (FedFlow, DDM, local-only-flow).
+
+The equations (masks eq. 8, composite eq. 5, L_CI eq. 7, L_peerCI eqs. 12-13) are tensor functions in
+fedapp/models/compose.py, shared with the server; here: the local training loop and the handlers.
+Client functions take tensors and return tensors; the Flower handlers are at the bottom.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+from fedapp.client_context import ClientContext
+from fedapp.models.compose import (COUNTS_KEY, EXPERT_KEY, PEER_COUNTS_PREFIX, PEER_PREFIX, PHASE_KEY, STATE_KEY,
+                                   attribute_labels, build_velocity, ci_penalty, mask_labels, pair_counts,
+                                   peer_ci_penalty, route_valid, sample_route)
+from fedapp.models.flow import VelocityNet, sample_path, target_velocity
+
+# ---- Stage I / variant A / baselines: one local loop ------------------------------------------------
+def train_expert(model: VelocityNet, x: torch.Tensor, y: torch.Tensor, *, steps: int, batch: int, lr: float,
+                 pi: tuple[float, float, float], lambda_ci: float, seed: int, device: str = "cpu",
+                 peers: dict[int, Callable] | None = None, self_index: int = 0,
+                 peer_counts: dict[int, torch.Tensor] | None = None) -> dict[str, float]:
+    """L = L_FM(y ⊙ m) + lambda * L_CI (Stage I, eq. 11), or + lambda * L_peerCI when peers are given
+    (variant A). lambda_ci = 0 is plain masked conditional flow matching (the baselines)."""
+    gen = torch.Generator().manual_seed(seed)
+    model.to(device).train()
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    ids = sorted({self_index, *(peers or {})})  # the experts a route may pick (a dropped peer is absent)
+    sums = {"fm": 0.0, "ci": 0.0}
+    for _ in range(steps):
+        idx = torch.randint(len(x), (min(batch, len(x)),), generator=gen)
+        x1, yb = x[idx].to(device), y[idx].to(device)
+        x0 = torch.randn(x1.shape, generator=gen).to(device)
+        t = torch.rand(len(x1), generator=gen).to(device)
+        x_t = sample_path(x0, x1, t)
+        y_m = mask_labels(yb.cpu(), *pi, generator=gen).to(device)
+        fm = (model(x_t, t, y_m) - target_velocity(x0, x1)).pow(2).mean()  # L_FM
+        loss, ci = fm, torch.zeros(())
+        if lambda_ci > 0:
+            if peers:
+                pos = sample_route(len(ids), yb.shape[1], ids.index(self_index), gen)
+                route = [ids[j] for j in pos]
+                valid = route_valid(route, yb.cpu(), peer_counts or {}).to(device)
+                ci = peer_ci_penalty(model, peers, self_index, x_t, t, yb, route, valid)
+            else:
+                ci = ci_penalty(model, x_t, t, yb)
+            loss = fm + lambda_ci * ci
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        sums["fm"] += fm.item()
+        sums["ci"] += float(ci.detach())
+    model.eval()
+    return {k: v / max(steps, 1) for k, v in sums.items()}
+
+
+# ---- Flower handlers --------------------------------------------------------------------------------
+def _opts(ctx: ClientContext):
+    return ctx.cfg.options
+
+
+def _local_data(ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    shard = ctx.shard
+    names = ("digit", "color")
+    sizes = [len(shard.info.attributes[n]) for n in names]
+    return shard.train.x.float(), attribute_labels(shard.train, names), sizes
+
+
+def _model(ctx: ClientContext, sizes: list[int]) -> VelocityNet:
+    torch.manual_seed(ctx.cfg.seed)  # every client starts from the same initial weights
+    return build_velocity(ctx.cfg.image_size, sizes, _opts(ctx).width)
+
+
+def _load(model: VelocityNet, rec: ArrayRecord) -> VelocityNet:
+    model.load_state_dict(rec.to_torch_state_dict())
+    return model.eval()
+
+
+def _reply(model: VelocityNet, counts: torch.Tensor, stats: dict[str, float], n: int) -> RecordDict:
+    return RecordDict({EXPERT_KEY: ArrayRecord(model.cpu().state_dict()),
+                       COUNTS_KEY: ArrayRecord({"pairs": counts}),
+                       "metrics": MetricRecord({"num-examples": n, **{f"train_{k}": v for k, v in stats.items()}})})
+
+
+def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
+    """Stage I (no arrays in the message: a fresh expert, L_FM + lambda L_CI) or one FedFlow local round
+    (the global model in "arrays", plain masked L_FM). Uploads the model and the pair counts."""
+    opts = _opts(ctx)
+    x, y, sizes = _local_data(ctx)
+    model = _model(ctx, sizes)
+    conf = msg.content.config_records["config"]
+    rnd = int(conf.get("server-round", 0))
+    phase = msg.content.config_records.get(PHASE_KEY, {})  # what the server asks of this round
+    lam = float(phase.get("lambda", opts.lambda_ci))
+    steps = int(phase.get("steps", opts.local_steps))
+    if "arrays" in msg.content.array_records:
+        _load(model, msg.content.array_records["arrays"])
+    stats = train_expert(model, x, y, steps=steps, batch=ctx.cfg.batch_size, lr=opts.lr,
+                         pi=(opts.pi_full, opts.pi_marg, opts.pi_uncond), lambda_ci=lam,
+                         seed=ctx.seed_for(rnd, 1), device=ctx.device)
+    if ctx.state is not None:
+        ctx.state[STATE_KEY] = ArrayRecord(model.cpu().state_dict())
+    return _reply(model, pair_counts(y, sizes), stats, len(x))
+
+
+def handle_peer(msg: Message, ctx: ClientContext) -> RecordDict:
+    """Variant A, one round: train the own expert (kept in node state) with L_FM + lambda L_peerCI against
+    the frozen peers of the allgather ("peer.<pid>" ArrayRecords)."""
+    opts = _opts(ctx)
+    x, y, sizes = _local_data(ctx)
+    own = _model(ctx, sizes)
+    if ctx.state is None or STATE_KEY not in ctx.state.array_records:
+        raise RuntimeError("dcfm variant A: no Stage I expert in this node's state (was `train` run first?)")
+    _load(own, ctx.state.array_records[STATE_KEY])
+    peers, counts = {}, {}
+    for key, rec in msg.content.array_records.items():
+        if key.startswith(PEER_PREFIX):
+            pid = int(key[len(PEER_PREFIX):])
+            peers[pid] = _load(build_velocity(ctx.cfg.image_size, sizes, opts.width), rec).to(ctx.device)
+            for p in peers[pid].parameters():
+                p.requires_grad_(False)
+        elif key.startswith(PEER_COUNTS_PREFIX):
+            counts[int(key[len(PEER_COUNTS_PREFIX):])] = torch.as_tensor(rec["pairs"].numpy())
+    counts[ctx.partition_id] = pair_counts(y, sizes)
+    rnd = int(msg.content.config_records["config"].get("server-round", 0))
+    stats = train_expert(own, x, y, steps=opts.peer_steps, batch=ctx.cfg.batch_size, lr=opts.lr,
+                         pi=(opts.pi_full, opts.pi_marg, opts.pi_uncond), lambda_ci=opts.lambda_ci,
+                         seed=ctx.seed_for(rnd, 2), device=ctx.device, peers=peers,
+                         self_index=ctx.partition_id, peer_counts=counts)
+    ctx.state[STATE_KEY] = ArrayRecord(own.cpu().state_dict())
+    return _reply(own, counts[ctx.partition_id], stats, len(x))
+
+
+def handle_receive(msg: Message, ctx: ClientContext) -> RecordDict:
+    """Variant B's last message: the distilled student arrives; the client keeps it (no upload)."""
+    if ctx.state is not None and "arrays" in msg.content.array_records:
+        ctx.state["dcfm-student"] = msg.content.array_records["arrays"]
+    return RecordDict({"metrics": MetricRecord({"received": 1})})
+
+
+HANDLERS = {"train": handle_train, "query.peer": handle_peer, "query.receive": handle_receive}

@@ -1,0 +1,50 @@
+"""Clients of PFDM's generation baselines (options under `pfdm.*`):
+
+- `local-only` (`query.sample`): a class-conditional DDPM on the client's own data only (no
+  collaboration, nothing uploaded but the evaluation samples); `pfdm.local-steps` steps.
+- `fedavg-ddpm` (`train`): FedAvg over one DDPM (FedDM-like, not private): from the global weights,
+  ceil(pfdm.local-steps / num-server-rounds) steps per round, then the weights go back.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+from fedapp.client_context import ClientContext
+from fedapp.models.ddpm import build_ddpm, train_ddpm
+
+
+def train_local_ddpm(x, y, o, image_size: int, num_classes: int, seed: int, device: str = "cpu",
+                     steps: int | None = None, init: dict | None = None):
+    torch.manual_seed(seed)
+    model = build_ddpm(image_size, num_classes, flag=False, channels=o.channels)
+    if init is not None:
+        model.load_state_dict(init)
+    loss = train_ddpm(model, x, y, steps=steps or o.local_steps, batch=o.batch, lr=o.lr, seed=seed, device=device)
+    return model.cpu(), loss
+
+
+def handle_local_sample(msg: Message, ctx: ClientContext) -> RecordDict:
+    o, shard = ctx.cfg.options, ctx.shard
+    model, _ = train_local_ddpm(shard.train.x, shard.train.y, o, ctx.cfg.image_size, shard.info.num_classes,
+                                ctx.seed_for(1), ctx.device)
+    y = torch.arange(o.samples) % shard.info.num_classes
+    x = model.sample(len(y), y, steps=o.sample_steps, generator=torch.Generator().manual_seed(ctx.seed_for(3)))
+    return RecordDict({"samples": ArrayRecord({"x": x, "y": y})})
+
+
+def handle_fedavg_train(msg: Message, ctx: ClientContext) -> RecordDict:
+    o, shard = ctx.cfg.options, ctx.shard
+    rnd = int(msg.content.config_records["config"].get("server-round", 1))
+    steps = math.ceil(o.local_steps / ctx.cfg.num_server_rounds)
+    init = msg.content.array_records["arrays"].to_torch_state_dict()
+    model, loss = train_local_ddpm(shard.train.x, shard.train.y, o, ctx.cfg.image_size, shard.info.num_classes,
+                                   ctx.seed_for(rnd), ctx.device, steps=steps, init=init)
+    return RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                       "metrics": MetricRecord({"num-examples": len(shard.train), "train_loss": loss})})
+
+
+HANDLERS = {"query.sample": handle_local_sample, "train": handle_fedavg_train}

@@ -1,0 +1,115 @@
+"""PFDM client (CVPR 2026, Algorithm 1 and 2): a private denoiser that never leaves the client, a
+local-DP upload, and two-stage sampling.
+
+  private denoiser z_theta_m: a class-conditional DDPM on D_m, trained on unclipped (flag 0) and
+      CLIP(x, C) (flag 1) copies of every image: the shared model only ever saw clipped data, so the
+      flag lets sampling steer back to unclipped images (the paper's auxiliary condition)
+  upload D~_m: x~ = sqrt(abar_t0) CLIP(x, C) + sqrt(1 - abar_t0) z, with the labels (fedapp.privacy)
+  sampling: shared z_w from T down to t0, then z_theta_m from t0 to 0 with the unclipped flag
+
+Plain tensor functions first; the Flower handlers at the bottom only unpack and pack records.
+"""
+
+from __future__ import annotations
+
+import torch
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+from fedapp.client_context import ClientContext
+from fedapp.models.ddpm import DDPM, build_ddpm, train_ddpm
+from fedapp.privacy import clip_norm, privatize, resolve_t0
+
+STATE_KEY = "pfdm.private"  # the private denoiser's weights, kept in the node's Context.state only
+UNCLIPPED, CLIPPED = 0, 1   # values of the auxiliary flag
+
+
+def private_training_set(x: torch.Tensor, y: torch.Tensor, clip: float):
+    """(x, y, flag): every image twice, unclipped with flag 0 and CLIP(x, C) with flag 1."""
+    xs = torch.cat([x, clip_norm(x, clip)])
+    flags = torch.cat([torch.full((len(x),), UNCLIPPED), torch.full((len(x),), CLIPPED)])
+    return xs, torch.cat([y, y]), flags
+
+
+def train_private_denoiser(x: torch.Tensor, y: torch.Tensor, o, image_size: int, num_classes: int,
+                           seed: int, device: str = "cpu") -> DDPM:
+    """z_theta_m over every level (0, T], on clipped and unclipped data with the flag."""
+    torch.manual_seed(seed)
+    model = build_ddpm(image_size, num_classes, flag=True, channels=o.channels)
+    xs, ys, flags = private_training_set(x, y, o.clip)
+    train_ddpm(model, xs, ys, flags, steps=o.local_steps, batch=o.batch, lr=o.lr, seed=seed, device=device)
+    return model.cpu()
+
+
+def make_upload(x: torch.Tensor, y: torch.Tensor, clip: float, t0: int, seed: int):
+    """D~_m: (x~, y) with x~ = sqrt(abar_t0) CLIP(x, C) + sqrt(1 - abar_t0) z, in the order of x."""
+    return privatize(x, clip, t0, torch.Generator().manual_seed(seed)), y.clone().long()
+
+
+def balanced_labels(n: int, num_classes: int) -> torch.Tensor:
+    return torch.arange(n) % num_classes
+
+
+def split_steps(steps: int, t0: int, T: int = 1000) -> tuple[int, int]:
+    """DDIM steps for (T -> t0, t0 -> 0) in proportion to the level ranges, at least one each."""
+    k_shared = min(steps - 1, max(1, round(steps * (T - t0) / T)))
+    return k_shared, max(1, steps - k_shared)
+
+
+@torch.no_grad()
+def personalised_sample(shared: DDPM, private: DDPM, y: torch.Tensor, t0: int, steps: int, seed: int) -> torch.Tensor:
+    """Algorithm 2: x_t0 ~ z_w(T -> t0), then x_0 ~ z_theta_m(t0 -> 0 | flag = unclipped)."""
+    g = torch.Generator().manual_seed(seed)
+    k_shared, k_private = split_steps(steps, t0, shared.T)
+    x_t0 = shared.sample(len(y), y, t_start=shared.T, t_end=t0, steps=k_shared, generator=g)
+    flag = torch.full((len(y),), UNCLIPPED)
+    return private.sample(len(y), y, flag, t_start=t0, t_end=0, x_start=x_t0, steps=k_private, generator=g)
+
+
+@torch.no_grad()
+def private_only_sample(private: DDPM, y: torch.Tensor, steps: int, seed: int) -> torch.Tensor:
+    """The private model alone, T -> 0 (the paper's fallback; here the non-collaborative reference)."""
+    g = torch.Generator().manual_seed(seed)
+    flag = torch.full((len(y),), UNCLIPPED)
+    return private.sample(len(y), y, flag, steps=steps, generator=g)
+
+
+# ---- Flower handlers ---------------------------------------------------------------------------------
+def _private_model(ctx: ClientContext) -> DDPM:
+    """The private denoiser from Context.state; retrained (same seed, same weights) if the node restarted."""
+    o, shard = ctx.cfg.options, ctx.shard
+    if ctx.state is not None and STATE_KEY in ctx.state.array_records:
+        model = build_ddpm(ctx.cfg.image_size, shard.info.num_classes, flag=True, channels=o.channels)
+        model.load_state_dict(ctx.state.array_records[STATE_KEY].to_torch_state_dict())
+        return model.eval()
+    return train_private_denoiser(shard.train.x, shard.train.y, o, ctx.cfg.image_size, shard.info.num_classes,
+                                  ctx.seed_for(1), ctx.device)
+
+
+def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
+    """Phase 1: train z_theta_m (kept in Context.state), upload D~_m."""
+    o, shard = ctx.cfg.options, ctx.shard
+    t0 = resolve_t0(o.t0, o.epsilon, o.clip, o.delta)
+    model = train_private_denoiser(shard.train.x, shard.train.y, o, ctx.cfg.image_size, shard.info.num_classes,
+                                   ctx.seed_for(1), ctx.device)
+    if ctx.state is not None:
+        ctx.state[STATE_KEY] = ArrayRecord(model.state_dict())
+    x_up, y_up = make_upload(shard.train.x, shard.train.y, o.clip, t0, ctx.seed_for(2))
+    return RecordDict({"upload": ArrayRecord({"x": x_up, "y": y_up}),
+                       "metrics": MetricRecord({"num-examples": len(y_up), "t0": t0})})
+
+
+def handle_sample(msg: Message, ctx: ClientContext) -> RecordDict:
+    """Phase 2: personalised samples (shared T -> t0, private t0 -> 0) and, for the comparison, private-only
+    samples. Evaluation only: the server scores them; the protocol itself needs no reply here."""
+    o, shard = ctx.cfg.options, ctx.shard
+    t0 = resolve_t0(o.t0, o.epsilon, o.clip, o.delta)
+    shared = build_ddpm(ctx.cfg.image_size, shard.info.num_classes, flag=False, channels=o.channels)
+    shared.load_state_dict(msg.content.array_records["shared"].to_torch_state_dict())
+    private = _private_model(ctx)
+    y = balanced_labels(o.samples, shard.info.num_classes)
+    x = personalised_sample(shared.eval(), private, y, t0, o.sample_steps, ctx.seed_for(3))
+    x_alone = private_only_sample(private, y, o.sample_steps, ctx.seed_for(3))
+    return RecordDict({"samples": ArrayRecord({"x": x, "y": y, "private_only": x_alone})})
+
+
+HANDLERS = {"train": handle_train, "query.sample": handle_sample}

@@ -1,0 +1,188 @@
+"""DCFM's equations as tensor functions, shared by the clients (clients/dcfm.py), the server
+(strategies/dcfm.py, strategies/fedflow.py) and the 2-D toy. Paper symbols (grep them):
+
+- y = (y_1..y_k) attributes (here digit, colour), -1 = masked / null.
+- Masks (eq. 8): y_m = y ⊙ m, m drawn as full labels (pi_full), one attribute (pi_marg), none (pi_uncond).
+- Composite velocity (eq. 5): v^(x_t, y) = v(x_t) + sum_i w_i (v(x_t, y_i) - v(x_t)).
+- L_CI (eq. 7, w_i = 1): E || v(x_t, y) - v^(x_t, y) ||^2 on one model (Stage I eq. 11; student eq. 16).
+- L_peerCI (eqs. 12-13, variant A): routing vector r = (r_0..r_k) assigns an expert to the unconditional
+  term (r_0) and to each attribute term (r_i); at least one r_i is the local expert a; peers are frozen:
+  v-bar^r = delta_{r,a} v^(a) + (1 - delta_{r,a}) StopGrad(v^(r)).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Sequence
+
+import torch
+
+from .flow import VelocityNet, euler
+
+EXPERT_KEY = "expert"  # ArrayRecord: a velocity net's state dict
+COUNTS_KEY = "counts"  # ArrayRecord {"pairs": (n_1, n_2) int64}: the client's label counts per (y_1, y_2)
+PEER_PREFIX = "peer."  # ArrayRecords "peer.<pid>" (variant A allgather)
+PEER_COUNTS_PREFIX = "peer-counts."
+STATE_KEY = "dcfm-expert"  # the client's own expert, kept in Flower's node state between rounds
+PHASE_KEY = "dcfm-phase"  # ConfigRecord {"lambda", "steps"}: per-phase settings beside the run config
+NULL = -1
+
+
+# ---- the network and labels ---------------------------------------------------------------------------
+def build_velocity(image_size: int, attribute_sizes: Sequence[int], width: int, channels: int = 3) -> VelocityNet:
+    """The image velocity net every method shares (so experts, students and FedFlow models have one shape)."""
+    return VelocityNet(image_size, list(attribute_sizes), channels=channels, block_out_channels=(width, 2 * width),
+                       attention=False)
+
+
+def attribute_labels(split, names: Sequence[str] = ("digit", "color")) -> torch.Tensor:
+    """y (N, k) int64 from a feddata Split's attributes."""
+    return torch.stack([torch.as_tensor(split.attrs[n]).long() for n in names], dim=1)
+
+
+def pair_counts(y: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+    """n_a(y_1, y_2): how many local samples carry each attribute pair (the server's mixture weights)."""
+    counts = torch.zeros(*sizes, dtype=torch.long)
+    counts.index_put_(tuple(y.T), torch.ones(len(y), dtype=torch.long), accumulate=True)
+    return counts
+
+
+def marginal_labels(y: torch.Tensor, i: int) -> torch.Tensor:
+    """(∅, .., y_i, .., ∅): only attribute i kept."""
+    out = torch.full_like(y, NULL)
+    out[:, i] = y[:, i]
+    return out
+
+
+def mask_labels(y: torch.Tensor, pi_full: float, pi_marg: float, pi_uncond: float,
+                generator: torch.Generator | None = None) -> torch.Tensor:
+    """y_m = y ⊙ m, m ~ p(m) (eq. 8): full with pi_full, one uniformly chosen attribute with pi_marg, none
+    with pi_uncond (the three are normalised to sum to 1)."""
+    b, k = y.shape
+    p = torch.tensor([pi_full, pi_marg, pi_uncond], dtype=torch.float64)
+    kind = torch.multinomial(p / p.sum(), b, replacement=True, generator=generator)
+    which = torch.randint(k, (b,), generator=generator)
+    keep = torch.zeros(b, k, dtype=torch.bool)
+    keep[kind == 0] = True
+    keep[torch.arange(b), which] |= kind == 1
+    return torch.where(keep, y, torch.full_like(y, NULL))
+
+
+def label_sets(y: torch.Tensor) -> list[torch.Tensor]:
+    """[y, ∅, (y_1, ∅..), .., (∅.., y_k)]: the k + 2 queries of one composite-velocity evaluation."""
+    return [y, torch.full_like(y, NULL)] + [marginal_labels(y, i) for i in range(y.shape[1])]
+
+
+def query(v: Callable, x: torch.Tensor, t: torch.Tensor, labels: list[torch.Tensor]) -> list[torch.Tensor]:
+    """v at the same (x_t, t) under several label sets, as one batched forward."""
+    n = len(labels)
+    out = v(x.repeat(n, *[1] * (x.ndim - 1)), t.repeat(n), torch.cat(labels))
+    return list(out.chunk(n))
+
+
+# ---- eq. 5: the composite velocity --------------------------------------------------------------------
+def composite(v_uncond: torch.Tensor, v_margs: Sequence[torch.Tensor],
+              weights: Sequence[float] | None = None) -> torch.Tensor:
+    """v^ = v(x_t) + sum_i w_i (v(x_t, y_i) - v(x_t))."""
+    weights = weights if weights is not None else [1.0] * len(v_margs)
+    return v_uncond + sum(w * (vi - v_uncond) for w, vi in zip(weights, v_margs))
+
+
+# ---- eq. 7: L_CI on one expert ------------------------------------------------------------------------
+def ci_penalty(model: Callable, x_t: torch.Tensor, t: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """L_CI = E || v(x_t, y) - v^(x_t, y) ||^2 with w_i = 1 (gradients flow through both sides)."""
+    v_joint, v_uncond, *v_margs = query(model, x_t, t, label_sets(y))
+    return (v_joint - composite(v_uncond, v_margs)).pow(2).flatten(1).mean(1).mean()
+
+
+# ---- eqs. 12-13: L_peerCI over routing vectors --------------------------------------------------------
+def sample_route(num_experts: int, k: int, self_index: int, generator: torch.Generator | None = None) -> list[int]:
+    """r = (r_0..r_k) uniformly over the experts, with at least one entry equal to the local expert a."""
+    r = torch.randint(num_experts, (k + 1,), generator=generator).tolist()
+    if self_index not in r:
+        r[int(torch.randint(k + 1, (1,), generator=generator))] = self_index
+    return r
+
+
+def peer_ci_penalty(model: Callable, peers: dict[int, Callable], self_index: int, x_t: torch.Tensor,
+                    t: torch.Tensor, y: torch.Tensor, route: Sequence[int],
+                    valid: torch.Tensor | None = None) -> torch.Tensor:
+    """L_peerCI = E || v^(a)(x_t, y) - z^(r)(x_t, y) ||^2 with
+    z^(r) = v-bar^{r_0}(x_t) + sum_i (v-bar^{r_i}(x_t, y_i) - v-bar^{r_0}(x_t)) and
+    v-bar^r = v^(a) if r = a else StopGrad(v^(r)) (peers are frozen: no gradient reaches them).
+    `valid` (B,) masks samples whose routed peer never saw the requested attribute value."""
+    k = y.shape[1]
+    experts = {self_index: model, **{p: f for p, f in peers.items() if p != self_index}}
+    own = {self_index}
+
+    def v_bar(r: int, labels: torch.Tensor) -> torch.Tensor:
+        if r in own:
+            return model(x_t, t, labels)
+        with torch.no_grad():  # StopGrad(v^(r)), eq. 13
+            return experts[r](x_t, t, labels).detach()
+
+    null = torch.full_like(y, NULL)
+    v_joint = model(x_t, t, y)
+    z = composite(v_bar(route[0], null), [v_bar(route[i + 1], marginal_labels(y, i)) for i in range(k)])
+    err = (v_joint - z).pow(2).flatten(1).mean(1)
+    if valid is not None:
+        return (err * valid).sum() / valid.sum().clamp(min=1)
+    return err.mean()
+
+
+def route_valid(route: Sequence[int], y: torch.Tensor, counts: dict[int, torch.Tensor]) -> torch.Tensor:
+    """1 where every routed expert r_i (i >= 1) has seen the value y_i (from its pair counts), else 0."""
+    ok = torch.ones(len(y), dtype=torch.bool)
+    for i, r in enumerate(route[1:]):
+        if r in counts:
+            seen_value = counts[r].sum(dim=1 - i) > 0  # marginal counts of attribute i
+            ok &= seen_value[y[:, i]]
+    return ok.float()
+
+
+# ---- the composite sampler --------------------------------------------------------------------------
+def composite_field(v: Callable, y: torch.Tensor, weights: Sequence[float] | None = None) -> Callable:
+    """(x, t) -> v^(x, y) of one model (eq. 5), for the ODE samplers."""
+    def field(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        _, v_uncond, *v_margs = query(v, x, t, label_sets(y.to(x.device)))
+        return composite(v_uncond, v_margs, weights)
+    return field
+
+
+def mixture_composite(experts: Sequence[Callable], counts: Sequence[torch.Tensor], y: torch.Tensor) -> Callable:
+    """DCFM-A's sampler over several experts: eq. 5 with the routing vector r taken in expectation,
+    each expert weighted by how much of the requested value it has seen (its pair counts n_a):
+    v^(x, y) = v_0(x) + sum_i (v_i(x, y_i) - v_0(x)),  v_0 = sum_a pi_a v^(a)(x), pi_a ∝ n_a,
+    v_i(x, y_i) = sum_a pi_{a,i}(y_i) v^(a)(x, y_i), pi_{a,i}(y_i) ∝ n_a(y_i).
+    Returns (x, t) -> (v^, v_0, [v_1, .., v_k]) when called with parts=True."""
+    n = torch.stack([c.sum() for c in counts]).float()
+    w0 = n / n.sum()
+    k = y.shape[1]
+    margs = [torch.stack([c.sum(dim=tuple(d for d in range(k) if d != i)) for c in counts]).float()
+             for i in range(k)]  # (A, |Y_i|)
+
+    def field(x: torch.Tensor, t: torch.Tensor, parts: bool = False):
+        yy = y.to(x.device)
+        outs = [query(e, x, t, label_sets(yy)[1:]) for e in experts]  # per expert [v(x), v(x, y_1), ..]
+        v0 = sum(w0[a] * outs[a][0] for a in range(len(experts)))
+        vi = []
+        for i in range(k):
+            w = margs[i][:, yy[:, i].cpu()]
+            w = (w / w.sum(0, keepdim=True).clamp(min=1e-9)).to(x.device)  # (A, B)
+            vi.append(sum(w[a].view(-1, *[1] * (x.ndim - 1)) * outs[a][1 + i] for a in range(len(experts))))
+        v = composite(v0, vi)
+        return (v, v0, vi) if parts else v
+    return field
+
+
+def joint_field(v: Callable, y: torch.Tensor) -> Callable:
+    """(x, t) -> v(x, y): plain conditional sampling (the baselines)."""
+    return lambda x, t: v(x, t, y.to(x.device))
+
+
+@torch.no_grad()
+def generate(field: Callable, shape: tuple[int, ...], steps: int, seed: int, device: str = "cpu",
+             clip: float | None = 1.0) -> torch.Tensor:
+    """Euler ODE from x0 ~ N(0, I) at t = 0 to t = 1; clipped to [-clip, clip] (images: [-1, 1])."""
+    x0 = torch.randn(shape, generator=torch.Generator().manual_seed(seed)).to(device)
+    x = euler(field, x0, steps=steps)
+    return x.clamp(-clip, clip) if clip is not None else x

@@ -1,0 +1,117 @@
+"""PFDM's generation baselines, scored exactly like pfdm (strategies/pfdm.py: GenerationEval).
+
+- `local-only`: every client trains a DDPM on its own data and nothing else (non-collaborative).
+  Releases no model, so there is no membership-inference target: mia_* are null.
+- `fedavg-ddpm`: FedAvg over one class-conditional DDPM on Flower's round loop (FedDM-like, not
+  private). The final global model is released: the server samples it (the same model serves every
+  client) and attacks it with the loss-threshold MIA (members = client 0's training images).
+- `centralized-ddpm`: ORACLE, NOT A FEDERATED PROTOCOL (the name `centralized` is the classifier
+  ceiling): the server loads every client's shard and trains one DDPM on the union.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import Any, Iterable
+
+import torch
+from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.serverapp.strategy import FedAvg
+
+from fedapp.models.ddpm import build_ddpm, train_ddpm
+from strategies.base import FedappStrategy, check_arrays, keep_valid, make_messages, partition_of
+from strategies.pfdm import GenerationEval, arrays_of, load_partitions, memorisation, sample_model
+
+log = logging.getLogger("fedapp")
+
+NO_MIA = {"mia_auc": None, "mia_attack_accuracy": None, "mia_tpr_at_1fpr": None}
+
+
+def score_released_model(run, ev: GenerationEval, model, num_partitions: int, name: str) -> dict[str, Any]:
+    """One model for every client: its samples' distances (the same for each client), MIA against
+    client 0's training images and the memorisation check against every client's training images."""
+    cfg, o = run.cfg, run.cfg.options
+    x, y = sample_model(model, o.samples, ev.num_classes, o.sample_steps, cfg.seed + 3)
+    ev.save_grid(x, y, f"{name}.png")
+    metrics = ev.per_client({0: (x, y)})
+    shards = load_partitions(cfg, num_partitions)  # EVALUATION ORACLE
+    metrics.update(ev.mia_clean(model, shards[0].train.x, shards[0].train.y))
+    metrics.update({f"shared_{k}": v for k, v in memorisation(x, torch.cat([s.train.x for s in shards])).items()})
+    metrics["reference_accuracy"] = ev.ref_accuracy
+    return metrics
+
+
+class LocalOnlyStrategy(FedappStrategy):
+    def __init__(self, run):
+        self.bind(run)
+
+    def execute(self, grid) -> dict[str, Any]:
+        cfg, run = self.run.cfg, self.run
+        nodes = sorted(grid.get_node_ids())
+        ev = GenerationEval(run, len(nodes))
+        msgs = make_messages(grid, nodes, "query.sample", lambda n: RecordDict({"config": self.run_config_record()}))
+        got = keep_valid(run, grid.send_and_receive(msgs, timeout=cfg.round_timeout), "query.sample",
+                         lambda c: check_arrays(c.array_records.get("samples")))
+        samples = {partition_of(r): arrays_of(r, "samples") for r in got}
+        for p, s in samples.items():
+            ev.save_grid(s["x"], s["y"], f"local_only_client{p}.png")
+        metrics = ev.per_client({p: (s["x"], s["y"]) for p, s in samples.items()})
+        metrics.update(NO_MIA)
+        metrics["reference_accuracy"] = ev.ref_accuracy
+        run.out.log_metrics({"phase": "final", **metrics})
+        return metrics
+
+
+class FedAvgDDPMStrategy(FedappStrategy, FedAvg):
+    def __init__(self, run):
+        n = run.cfg.min_clients
+        super().__init__(fraction_evaluate=0.0, min_train_nodes=n, min_evaluate_nodes=0, min_available_nodes=n)
+        self.bind(run)
+        self._expected: dict[str, tuple] = {}
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        max_bytes = self.run.cfg.max_upload_mb * 2**20
+        valid = keep_valid(self.run, replies, "train",
+                           lambda c: check_arrays(c.array_records.get("arrays"), self._expected, max_bytes))
+        return super().aggregate_train(server_round, valid)
+
+    def execute(self, grid) -> dict[str, Any]:
+        cfg, run = self.run.cfg, self.run
+        nodes = sorted(grid.get_node_ids())
+        ev = GenerationEval(run, len(nodes))
+        torch.manual_seed(cfg.seed)
+        model = build_ddpm(cfg.image_size, ev.num_classes, flag=False, channels=cfg.options.channels)
+        initial = ArrayRecord(model.state_dict())
+        self._expected = {k: tuple(a.shape) for k, a in initial.items()}
+        result = self.start(grid=grid, initial_arrays=initial, num_rounds=cfg.num_server_rounds,
+                            timeout=cfg.round_timeout, train_config=self.run_config_record())
+        model.load_state_dict(result.arrays.to_torch_state_dict())
+        t = time.time()
+        metrics = score_released_model(run, ev, model.eval(), len(nodes), "fedavg_ddpm_global")
+        run.phase_seconds["evaluation"] = time.time() - t
+        run.out.log_metrics({"phase": "final", **metrics})
+        return metrics
+
+
+class CentralizedDDPMStrategy(FedappStrategy):
+    def __init__(self, run):
+        self.bind(run)
+
+    def execute(self, grid) -> dict[str, Any]:
+        cfg, o, run = self.run.cfg, self.run.cfg.options, self.run
+        nodes = sorted(grid.get_node_ids())
+        log.warning("centralized-ddpm: an ORACLE; the server reads all %d clients' real data", len(nodes))
+        ev = GenerationEval(run, len(nodes))
+        shards = load_partitions(cfg, len(nodes))
+        x = torch.cat([s.train.x for s in shards])
+        y = torch.cat([s.train.y for s in shards])
+        t = time.time()
+        torch.manual_seed(cfg.seed)
+        model = build_ddpm(cfg.image_size, ev.num_classes, flag=False, channels=o.channels)
+        train_ddpm(model, x, y, steps=o.shared_steps, batch=o.batch, lr=o.lr, seed=cfg.seed, device=run.device)
+        run.phase_seconds["centralized-ddpm"] = time.time() - t
+        metrics = score_released_model(run, ev, model.cpu().eval(), len(nodes), "centralized_ddpm")
+        metrics.update({"oracle": True, "num_train": len(x)})
+        run.out.log_metrics({"phase": "final", **metrics})
+        return metrics

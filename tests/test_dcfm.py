@@ -1,0 +1,137 @@
+"""DCFM (ICML 2026) and its flow baselines: masks, L_CI, L_peerCI stop-gradient, the 2-D toy, and
+end-to-end simulations with their model-transfer counts."""
+
+import pytest
+import torch
+
+from clients.dcfm import train_expert
+from fedapp.models.compose import (ci_penalty, composite, mask_labels, peer_ci_penalty, route_valid,
+                                   sample_route)
+from fedapp.models.flow import VelocityNet
+
+
+def test_masks_follow_their_probabilities():
+    g = torch.Generator().manual_seed(0)
+    y = torch.randint(0, 5, (40000, 2), generator=g)
+    m = mask_labels(y, 0.5, 0.3, 0.2, generator=g)
+    kept = (m >= 0).sum(1)
+    assert abs((kept == 2).float().mean().item() - 0.5) < 0.015
+    assert abs((kept == 1).float().mean().item() - 0.3) < 0.015
+    assert abs((kept == 0).float().mean().item() - 0.2) < 0.015
+    one = m[kept == 1]
+    assert abs((one[:, 0] >= 0).float().mean().item() - 0.5) < 0.03  # the kept attribute is uniform
+    assert torch.equal(m[m >= 0], y[m >= 0])  # kept entries are the labels themselves
+
+
+class Additive(torch.nn.Module):
+    """v(x, t, y) = a(t) x + sum_i g_i(y_i), g_i(null) = 0: additive in the attributes."""
+
+    def __init__(self, nonadditive: float = 0.0):
+        super().__init__()
+        self.g = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(5, 2)) for _ in range(2)])
+        self.c = nonadditive
+
+    def forward(self, x, t, y):
+        out = (1 - t)[:, None] * x
+        for i, g in enumerate(self.g):
+            out = out + torch.where((y[:, i] >= 0)[:, None], g[y[:, i].clamp(min=0)], torch.zeros(1, 2))
+        both = ((y >= 0).all(1)).float()[:, None]
+        return out + self.c * both * x.pow(2)  # an interaction term only under the joint label
+
+
+def test_ci_penalty_is_zero_for_an_additive_field_and_positive_otherwise():
+    torch.manual_seed(0)
+    x, t, y = torch.randn(64, 2), torch.rand(64), torch.randint(0, 5, (64, 2))
+    assert ci_penalty(Additive(), x, t, y).item() < 1e-10
+    assert ci_penalty(Additive(nonadditive=1.0), x, t, y).item() > 1e-2
+    v0, v1, v2 = torch.zeros(3, 2), torch.ones(3, 2), 2 * torch.ones(3, 2)
+    assert torch.allclose(composite(v0, [v1, v2]), 3 * torch.ones(3, 2))  # eq. 5 with w_i = 1
+
+
+def test_routes_always_include_the_local_expert():
+    g = torch.Generator().manual_seed(0)
+    routes = [sample_route(5, 2, 3, g) for _ in range(500)]
+    assert all(3 in r and len(r) == 3 for r in routes)
+    assert {r[0] for r in routes} == set(range(5))  # peers do get routed
+
+
+def test_peers_receive_no_gradient_in_variant_a():
+    torch.manual_seed(0)
+    own = VelocityNet(dim=2, attribute_sizes=[2, 2], hidden=32)
+    peer = VelocityNet(dim=2, attribute_sizes=[2, 2], hidden=32)  # deliberately left trainable
+    x, t, y = torch.randn(16, 2), torch.rand(16), torch.randint(0, 2, (16, 2))
+    loss = peer_ci_penalty(own, {1: peer}, 0, x, t, y, route=[1, 0, 1])
+    loss.backward()
+    assert all(p.grad is None for p in peer.parameters())
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in own.parameters())
+    counts = {1: torch.tensor([[3, 0], [0, 0]])}  # peer 1 has seen only (0, 0)
+    valid = route_valid([0, 0, 1], torch.tensor([[0, 0], [1, 1]]), counts)
+    assert valid.tolist() == [1.0, 0.0]
+
+
+def test_local_training_with_peer_ci_leaves_peers_unchanged():
+    torch.manual_seed(0)
+    own, peer = (VelocityNet(dim=2, attribute_sizes=[2, 2], hidden=32) for _ in range(2))
+    before = {k: v.clone() for k, v in peer.state_dict().items()}
+    x, y = torch.randn(64, 2), torch.randint(0, 2, (64, 2))
+    stats = train_expert(own, x, y, steps=5, batch=32, lr=1e-2, pi=(0.5, 0.3, 0.2), lambda_ci=1.0, seed=0,
+                         peers={1: peer}, self_index=0)
+    assert stats["ci"] > 0
+    assert all(torch.equal(before[k], v) for k, v in peer.state_dict().items())
+
+
+def test_toy_dcfm_fills_the_missing_mode_and_fedflow_does_not():
+    from fedapp.experiments.dcfm_toy import run_toy
+
+    torch.set_num_threads(1)
+    res = run_toy(**SMALL_TOY)
+    share = res["mode_share"]
+    assert share["dcfm-b"] > 0.3, share
+    assert share["fedflow"] < 0.1, share
+
+
+SMALL_TOY = dict(steps=300, fl_rounds=10, distill_steps=400, samples=256, methods=("fedflow", "dcfm-b"))
+
+
+def _sim(tmp_path, method, **kw):
+    import fedapp
+
+    cfg = {"method": method, "dataset": "colored-digits", "partitioner": "attribute-holdout",
+           "partitioner.coverage": 0.5, "partitioner.split": "non-iid", "image-size": 8,
+           "out-dir": str(tmp_path), "num-server-rounds": 2, "min-clients": 2, "batch-size": 8,
+           "dcfm.local-steps": 2, "dcfm.peer-steps": 2, "dcfm.distill-steps": 2, "dcfm.replay-paths": 4,
+           "dcfm.path-steps": 2, "dcfm.sample-steps": 2, "dcfm.samples-per-pair": 2, "dcfm.width": 8,
+           "dcfm.router-steps": 2, "dcfm.fl-local-steps": 2, "dcfm.ref-epochs": 1, **kw}
+    return fedapp.simulate(cfg, num_clients=3)
+
+
+def _check_summary(s):
+    assert s["status"] == "completed" and s["failures"] == []
+    m = s["metrics"]
+    for k in ("seen_composition_accuracy", "novel_composition_accuracy", "seen_distance", "novel_distance"):
+        assert k in m and m[k] == m[k], k  # present and not NaN
+    return m
+
+
+def test_simulation_dcfm_b_moves_exactly_two_model_transfers_per_client(tmp_path):
+    s = _sim(tmp_path, "dcfm", **{"dcfm.variant": "b"})
+    m = _check_summary(s)
+    assert set(m["model_transfers_by_client"]) == {"0", "1", "2"}
+    for c, v in m["model_transfers_by_client"].items():
+        assert round(v) == 2 and abs(v - 2) < 0.05, (c, v)  # expert up + student down
+        per = s["comm"]["per_client"][c]
+        assert per["messages_up"] == 2 and per["messages_down"] == 2  # train, query.receive
+
+
+def test_simulation_dcfm_a_moves_r_times_n_plus_one(tmp_path):
+    s = _sim(tmp_path, "dcfm", **{"dcfm.variant": "a", "dcfm.rounds": 1})
+    m = _check_summary(s)
+    # Stage I upload (1) + per round: N - 1 peers down + the own expert up (N): 1 + R N with N = 3, R = 1
+    for v in m["model_transfers_by_client"].values():
+        assert abs(v - 4) < 0.1
+
+
+def test_simulation_fedflow_moves_two_t(tmp_path):
+    m = _check_summary(_sim(tmp_path, "fedflow"))
+    for v in m["model_transfers_by_client"].values():
+        assert abs(v - 4) < 0.1  # 2 T with T = 2 rounds

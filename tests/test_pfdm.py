@@ -1,0 +1,169 @@
+"""PFDM: the LDP bound, the upload (clipped, noised with the variance sigma^2 says), what the server
+receives (inspected in a simulation), the private denoiser never leaving the client, and the baselines."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from fedapp.privacy import (clip_norm, forward_diffuse, ldp_epsilon, ldp_sigma2, linear_abar, privatize,
+                            resolve_t0, smallest_t0)
+
+TINY = {"dataset": "colored-digits", "partitioner": "minority", "image-size": 8, "min-clients": 2,
+        "num-server-rounds": 1, "pfdm.local-steps": 3, "pfdm.shared-steps": 3, "pfdm.samples": 30,
+        "pfdm.sample-steps": 3, "pfdm.attack-samples": 20, "pfdm.ref-epochs": 1, "pfdm.batch": 16}
+
+
+def residual_figures(x_up: torch.Tensor, x: torch.Tensor, clip: float, t0: int) -> tuple[float, float]:
+    """For uploads x~ of images x: (var(r) / (1 - abar_t0), mean of <r, x/||x||> in noise-sd units) with
+    r = x~ - sqrt(abar_t0) CLIP(x). A correct upload gives (~1, ~0); an unclipped one has a mean along x."""
+    a = float(linear_abar()[t0])
+    r = (x_up - math.sqrt(a) * clip_norm(x, clip)).flatten(1).double()
+    u = x.flatten(1).double()
+    u = u / u.norm(dim=1, keepdim=True)
+    return float(r.var() / (1 - a)), float((r * u).sum(1).mean() / math.sqrt(1 - a))
+
+
+def test_clip_bounds_the_norm_and_leaves_small_images_alone():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 3, 8, 8, generator=g) * torch.linspace(0.05, 3, 64).view(-1, 1, 1, 1)
+    c = clip_norm(x, 5.0)
+    norms, orig = c.flatten(1).norm(dim=1), x.flatten(1).norm(dim=1)
+    assert (norms <= 5.0 + 1e-5).all()
+    small = orig <= 5.0
+    assert small.any() and torch.allclose(c[small], x[small])
+    assert torch.allclose(norms[~small], torch.full_like(norms[~small], 5.0))
+
+
+def test_upload_noise_has_the_variance_sigma2_says():
+    # x~ / sqrt(abar) = CLIP(x) + N(0, sigma^2): check the residual's variance and zero mean along x
+    g = torch.Generator().manual_seed(1)
+    x = torch.rand(3000, 3, 8, 8, generator=g) * 2 - 1  # ||x|| ~ 8 > C = 5: every image is clipped
+    for t0 in (100, 693):
+        up = privatize(x, 5.0, t0, g)
+        var_ratio, along = residual_figures(up, x, 5.0, t0)
+        n = up.numel()
+        assert abs(var_ratio - 1) < 5 * math.sqrt(2 / n)
+        assert abs(along) < 5 / math.sqrt(len(x))
+        a = linear_abar()[t0]
+        rescaled = (up / math.sqrt(a) - clip_norm(x, 5.0)).double()
+        assert abs(rescaled.var().item() / ldp_sigma2(t0) - 1) < 5 * math.sqrt(2 / n)
+    # the check has power: an upload of the unclipped image is caught
+    bad = forward_diffuse(x, 693, torch.randn(x.shape, generator=g))
+    assert residual_figures(bad, x, 5.0, 693)[1] > 10 / math.sqrt(len(x))
+
+
+def test_epsilon_matches_theorem_5_1_and_falls_with_t0():
+    abar = linear_abar()
+    assert abar[0] == 1 and np.isclose(abar[1], 1 - 1e-4)
+    for t0, c, d in [(690, 10.0, 1e-5), (300, 1.0, 1e-3), (900, 25.0, 1e-6)]:
+        s2 = (1 - abar[t0]) / abar[t0]
+        assert ldp_epsilon(t0, c, d) == pytest.approx(2 * c * c / s2 + c * math.sqrt(8 * math.log(1 / d) / s2))
+    eps = [ldp_epsilon(t, 10.0, 1e-5) for t in range(1, 1001)]
+    assert all(a > b for a, b in zip(eps, eps[1:]))
+    assert ldp_epsilon(0, 10.0, 1e-5) == math.inf
+    # the paper's example: T = 1000, linear, C = 10, t0 = 690, delta = 1e-5 -> "epsilon = 10"; exactly 10.243
+    assert ldp_epsilon(690, 10.0, 1e-5) == pytest.approx(10.2429, abs=1e-4)
+    # the toolkit DDPM uses the same levels
+    from fedapp.models.ddpm import DDPM
+
+    m = DDPM(image_size=8, block_out_channels=(8, 16), attention=False)
+    assert np.allclose(m.abar.double().numpy(), abar, rtol=1e-5)
+
+
+def test_target_epsilon_picks_the_smallest_sufficient_t0():
+    for target, c, d in [(10.0, 10.0, 1e-5), (1.0, 1.0, 1e-5), (50.0, 10.0, 1e-5), (3.0, 2.0, 1e-3)]:
+        t0 = smallest_t0(target, c, d)
+        assert ldp_epsilon(t0, c, d) <= target < ldp_epsilon(t0 - 1, c, d)
+    assert smallest_t0(10.0, 10.0, 1e-5) == 693
+    assert resolve_t0(690, 10.0, 10.0, 1e-5) == 690 and resolve_t0(0, 10.0, 10.0, 1e-5) == 693
+    with pytest.raises(ValueError, match="pfdm.epsilon"):
+        smallest_t0(1e-3, 10.0, 1e-5)
+
+
+def test_private_training_set_and_upload_order():
+    from clients.pfdm import make_upload, private_training_set, split_steps
+
+    x = torch.rand(10, 3, 8, 8) * 2 - 1
+    y = torch.arange(10)
+    xs, ys, flags = private_training_set(x, y, 2.0)
+    assert len(xs) == 20 and (flags[:10] == 0).all() and (flags[10:] == 1).all()
+    assert torch.equal(xs[:10], x) and (xs[10:].flatten(1).norm(dim=1) <= 2.0 + 1e-5).all()
+    up, yu = make_upload(x, y, 2.0, 500, seed=0)
+    assert up.shape == x.shape and torch.equal(yu, y)
+    assert split_steps(50, 693) == (15, 35) and split_steps(2, 999) == (1, 1)
+
+
+def test_per_sample_loss_and_training_loop():
+    from fedapp.models.ddpm import build_ddpm, train_ddpm
+
+    m = build_ddpm(8, 3, channels="8,16")
+    x, y = torch.rand(12, 3, 8, 8) * 2 - 1, torch.arange(12) % 3
+    per = m.loss(x, y, generator=torch.Generator().manual_seed(0), reduction="none")
+    full = m.loss(x, y, generator=torch.Generator().manual_seed(0))
+    assert per.shape == (12,) and torch.isclose(per.mean(), full, rtol=1e-4)
+    assert math.isfinite(train_ddpm(m, x, y, steps=3, batch=4, t_range=(600, 1000), source_t=600))
+
+
+def test_pfdm_simulation_uploads_are_private_and_the_private_model_stays_home(tmp_path):
+    import fedapp
+    from feddata import load_client_shard
+
+    dump = tmp_path / "messages"
+    dump.mkdir()
+
+    def capture(msg, context, call_next):
+        # runs on the client: what the server sends, what it gets back, and the private model after the call
+        reply = call_next(msg, context)
+        pid = int(context.node_config["partition-id"])
+        arrays = lambda rd: {f"{k}/{n}": a.numpy() for k, rec in rd.array_records.items()  # noqa: E731
+                             for n, a in rec.items()}
+        private = {n: a.numpy() for n, a in context.state.array_records["pfdm.private"].items()} \
+            if "pfdm.private" in context.state.array_records else {}
+        torch.save({"in": arrays(msg.content), "out": arrays(reply.content) if reply.has_content() else {},
+                    "private": private}, dump / f"{msg.metadata.message_type}-{pid}.pt")
+        return reply
+
+    s = fedapp.simulate({**TINY, "method": "pfdm", "out-dir": str(tmp_path)}, num_clients=2, client_mods=[capture])
+    assert s["status"] == "completed" and s["failures"] == []
+    p = s["privacy"]
+    assert p["t0"] == 693 and p["clip"] == 10.0 and p["delta"] == 1e-5 and p["epsilon"] <= 10.0
+    m = s["metrics"]
+    for key in ("majority_distance", "minority_distance", "mean_distance", "mia_auc", "mia_tpr_at_1fpr",
+                "shared_memorised_fraction", "recon_closer_than_random"):
+        assert m[key] is not None and math.isfinite(m[key]), key
+    assert set(m["per_client"]) == {"0", "1"}
+
+    for pid in (0, 1):
+        up = torch.load(dump / f"train-{pid}.pt", weights_only=False)
+        assert set(up["out"]) == {"upload/x", "upload/y"}  # the only arrays the server receives in phase 1
+        shard = load_client_shard("colored-digits", "minority", {"minority-classes": 2, "minority-fraction": 0.1,
+                                                                 "per-class": 0}, 0, pid, 2, image_size=8)
+        x_up = torch.from_numpy(up["out"]["upload/x"])
+        var_ratio, along = residual_figures(x_up, shard.train.x, 10.0, 693)
+        assert abs(var_ratio - 1) < 5 * math.sqrt(2 / x_up.numel())  # noised with sigma^2's variance
+        assert abs(along) < 5 / math.sqrt(len(x_up))  # clipped: no leftover signal along x beyond C
+        a = float(linear_abar()[693])
+        assert (clip_norm(shard.train.x, 10.0) * math.sqrt(a)).flatten(1).norm(dim=1).max() <= math.sqrt(a) * 10 + 1e-4
+        # the private denoiser's weights appear in no message, in either direction, in any phase
+        private = torch.load(dump / f"query.sample-{pid}.pt", weights_only=False)["private"]
+        assert private, "the private model should live in the node's Context.state"
+        for phase in ("train", "query.sample"):
+            rec = torch.load(dump / f"{phase}-{pid}.pt", weights_only=False)
+            for name, arr in {**rec["in"], **rec["out"]}.items():
+                for pname, w in private.items():
+                    if w.size > 1 and arr.size >= w.size:
+                        flat = arr.reshape(-1)
+                        assert not (arr.shape == w.shape and np.allclose(arr, w)), (name, pname)
+                        assert not np.isin(w.reshape(-1)[:16], flat).all(), (name, pname)
+
+
+def test_generation_baseline_reports_the_same_metric_names(tmp_path):
+    # centralized-ddpm only: the cheapest baseline run (local-only and fedavg-ddpm run in the experiment)
+    import fedapp
+
+    s = fedapp.simulate({**TINY, "method": "centralized-ddpm", "out-dir": str(tmp_path)}, num_clients=2)
+    assert s["status"] == "completed"
+    for key in ("majority_distance", "minority_distance", "mean_distance", "mia_auc", "mia_tpr_at_1fpr"):
+        assert math.isfinite(s["metrics"][key]), key
