@@ -29,7 +29,7 @@ from torch.nn import functional as F
 
 from .text import class_prompts, prompt_words
 
-CODE_VERSION = "1"  # bump when training code changes what a cached prior contains
+CODE_VERSION = "2"  # bump when training code changes what a cached prior contains
 DEFAULT_STEPS = 600
 SPECIALS = ("<pad>", "<unk>", "<|startoftext|>", "<|endoftext|>")  # ids 0..3
 
@@ -340,7 +340,7 @@ def sample_grid(images: torch.Tensor, rows: int, path: Path, scale: int = 3) -> 
 
 def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
                         guidances: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0, 5.0), num_steps: int = 25,
-                        seed: int = 0, data=None, classifier_epochs: int = 15) -> dict:
+                        seed: int = 0, data=None, classifier_epochs: int = 30) -> dict:
     """Share of class-prompted samples that a reference classifier (SmallCNN trained on the real
     public split) labels as the prompted class, per guidance; saves samples.png (rows = classes)."""
     from .classifier import SmallCNN, predict, train_classifier
