@@ -121,9 +121,9 @@ def diffusion_targets(extractor, x: torch.Tensor, y: torch.Tensor, dataset: str,
     prompts, ndcr_prompt = prompts_for(dataset, class_names, labels)
     feats = raw_features(extractor, x, prompts + [ndcr_prompt], rows, memo)  # [P+1][B] (N, C_b)
     n_blocks = len(feats[0])
-    rows = [torch.cat([f[b] for f in feats]).double().numpy() for b in range(n_blocks)]
-    pcas = fit_block_pcas(rows, pca_dims, seed)
-    scales = [float(np.sqrt((p.transform(r) ** 2).sum(1).mean())) or 1.0 for p, r in zip(pcas, rows)]
+    block_rows = [torch.cat([f[b] for f in feats]).double().numpy() for b in range(n_blocks)]  # (N(P+1), C_b)
+    pcas = fit_block_pcas(block_rows, pca_dims, seed)
+    scales = [float(np.sqrt((p.transform(r) ** 2).sum(1).mean())) or 1.0 for p, r in zip(pcas, block_rows)]
     reduced = [project_blocks(pcas, scales, f, pca_dims) for f in feats]  # [P+1] (N, D)
     pos = y.long().clone() if labels else torch.zeros(len(x), dtype=torch.long)
     return DiffusionTargets(F=torch.stack(reduced[:-1], dim=1), pos=pos, H=reduced[-1], pcas=pcas)

@@ -71,6 +71,7 @@ class Prior:
         self.image_size = h * factor
         self.cond_shape = (int(text_encoder.config.max_position_embeddings), int(unet.config.cross_attention_dim))
         self.unet_rows = 0  # rows passed through the UNet so far (the evaluation counter)
+        self.vae_batch = 16  # images per VAE call (SD's VAE at 512 px is memory-hungry)
         self._null = None
 
     # ---- images <-> latents -------------------------------------------------------------------
@@ -80,14 +81,16 @@ class Prior:
         x = x.to(self.device, self.dtype)
         if self.vae is None:
             return x
-        return self.vae.encode(x).latent_dist.mean * self.scaling_factor
+        chunks = [self.vae.encode(c).latent_dist.mean for c in x.split(self.vae_batch)]  # bounded VAE memory
+        return torch.cat(chunks) * self.scaling_factor
 
     @torch.no_grad()
     def decode_latents(self, z: torch.Tensor) -> torch.Tensor:
         """z_0 -> images in [-1, 1] (clamped)."""
         z = z.to(self.device, self.dtype)
-        x = z if self.vae is None else self.vae.decode(z / self.scaling_factor).sample
-        return x.clamp(-1, 1)
+        if self.vae is None:
+            return z.clamp(-1, 1)
+        return torch.cat([self.vae.decode(c / self.scaling_factor).sample for c in z.split(self.vae_batch)]).clamp(-1, 1)
 
     # ---- conditions -----------------------------------------------------------------------------
     @torch.no_grad()

@@ -60,7 +60,11 @@ class TinyPriorConfig:
     #                            all prompts onto one output within 5 steps (class spread 0.0126 -> 0.0005)
     token_init_std: float = 1.0  # CLIP's 0.02 leaves the class token a whisper next to the positions
     weight_decay: float = 0.01
-    warmup: float = 0.05  # share of steps with linear warm-up, then cosine to 0
+    warmup: float = 0.05  # share of steps with linear warm-up
+    # after warm-up: "constant" (the EMA averages the end) or "cosine" to 0. Measured at 600 steps:
+    # constant 80% sample accuracy (guidance 3) vs cosine 51%: the class emerges only after ~300-400
+    # steps, and a decaying rate starves exactly that phase
+    lr_schedule: str = "constant"
     ema_decay: float = 0.995
     p_uncond: float = 0.1  # share of empty prompts (classifier-free guidance)
     t_sampling: str = "uniform"  # or "logit_normal" (t/T ~ sigmoid(N(0, 1)): more mid-noise steps)
@@ -171,17 +175,22 @@ def public_data(dataset: str, image_size: int = 16, seed: int = 0):
 
 
 # ---- training ------------------------------------------------------------------------------------
-def _lr_factor(step: int, steps: int, warmup: float) -> float:
+def _lr_factor(step: int, steps: int, warmup: float, schedule: str = "constant") -> float:
     w = max(1, int(warmup * steps))
     if step < w:
         return (step + 1) / w
+    if schedule == "constant":
+        return 1.0
     return 0.5 * (1 + math.cos(math.pi * (step - w) / max(1, steps - w)))
 
 
 def train_tiny_prior(x: torch.Tensor, y: torch.Tensor, prompts: list[str], config: TinyPriorConfig,
                      steps: int, seed: int = 0, progress: bool = True):
-    """Jointly train text encoder + UNet on (x, prompts[y]) with the epsilon loss
-    E ||eps - eps_theta(sqrt(abar_t) x + sqrt(1-abar_t) eps, t, tau(prompt))||^2; returns the EMA modules."""
+    """Jointly train text encoder tau + UNet on (x, prompts[y]) with E_{t,eps} ||target - net(z_t, t, tau(prompt))||^2,
+    z_t = sqrt(abar_t) x + sqrt(1-abar_t) eps, target = v = sqrt(abar_t) eps - sqrt(1-abar_t) x (or eps);
+    returns the EMA modules. v-prediction weights high-noise steps by 1/abar_t against eps-prediction:
+    that is where the class decides the digit's shape (measured: eps + linear betas learned no class
+    in 600 steps; v + cosine reached 80% sample accuracy at 600 steps)."""
     import copy
 
     from tqdm.auto import tqdm
@@ -201,7 +210,7 @@ def train_tiny_prior(x: torch.Tensor, y: torch.Tensor, prompts: list[str], confi
     opt = torch.optim.AdamW([{"params": list(unet.parameters()), "lr": config.lr},
                              {"params": list(text_encoder.parameters()), "lr": config.lr * config.text_lr_mult}],
                             weight_decay=config.weight_decay)
-    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, steps, config.warmup))
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: _lr_factor(s, steps, config.warmup, config.lr_schedule))
     ema_unet, ema_text = copy.deepcopy(unet).requires_grad_(False), copy.deepcopy(text_encoder).requires_grad_(False)
     unet.train(), text_encoder.train()
     n, perm, pos = len(x), torch.randperm(len(x), generator=g), 0
