@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
-from flwr.supercore.task_identity import TaskIdentity
 
 import fedapp
 from fedapp import registry
@@ -28,13 +27,7 @@ FAST = {"espresso.embed-steps": 3, "espresso.steps": 3, "espresso.ratio": 1.0, "
         "espresso.diffusions-per-latent": 2, "espresso.embed-batch": 8, "server-epochs": 1}
 
 
-@pytest.fixture(autouse=True)
-def _inside_a_run():
-    # Flower stamps new messages with the running task's identity; tests have none.
-    old = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
+pytestmark = pytest.mark.usefixtures("inside_a_run")
 
 
 @pytest.fixture(scope="module", autouse=True)

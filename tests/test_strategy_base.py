@@ -3,7 +3,6 @@
 import numpy as np
 import pytest
 import torch
-from flwr.supercore.task_identity import TaskIdentity
 from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 
 from fedapp.config import parse_run_config
@@ -12,13 +11,7 @@ from strategies.base import MeteredGrid, ServerRun, check_arrays, record_nbytes
 from strategies.fedavg import FedAvgStrategy
 
 
-@pytest.fixture(autouse=True)
-def _inside_a_run():
-    # Flower stamps new messages with the running task's identity; tests have none.
-    old = (TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id)
-    TaskIdentity.run_id, TaskIdentity.node_id, TaskIdentity.task_id = 1, 0, 1
-    yield
-    TaskIdentity._run_id, TaskIdentity._node_id, TaskIdentity._task_id = old
+pytestmark = pytest.mark.usefixtures("inside_a_run")
 
 
 def _reply(node: int, arrays: dict, n: int = 10) -> Message:
