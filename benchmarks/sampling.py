@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedapp.models.samplers import expected_unet_evals  # noqa: E402
+from fedapp.models.samplers import DEFAULT_GUIDANCE, expected_unet_evals  # noqa: E402
 from fedapp.models.tiny_prior import TinyPriorConfig, random_tiny_prior  # noqa: E402
 
 
@@ -56,7 +56,7 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--batches", type=int, nargs="+", default=[64, 256])
     p.add_argument("--steps", type=int, default=25)
-    p.add_argument("--guidance", type=float, default=4.0)
+    p.add_argument("--guidance", type=float, default=DEFAULT_GUIDANCE)
     p.add_argument("--gamma2", type=float, default=0.0)
     p.add_argument("--zigzag-t", type=int, default=800)
     p.add_argument("--repeats", type=int, default=3)

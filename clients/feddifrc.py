@@ -114,14 +114,16 @@ def project_blocks(pcas: list[Any], scales: list[float], blocks: list[torch.Tens
 
 def diffusion_targets(extractor, x: torch.Tensor, y: torch.Tensor, dataset: str, class_names: list[str],
                       labels: bool, pca_dims: int, seed: int = 0, rows: torch.Tensor | None = None,
-                      memo: dict | None = None) -> DiffusionTargets:
+                      memo: dict | None = None, fit_on: list[list[torch.Tensor]] | None = None) -> DiffusionTargets:
     """F~ (N, P, D), pos (N,) and H~ (N, D) of one client's images x with labels y (steps 1-3 above).
     The PCA of each block is fitted on the union of this client's conditional and generic rows, so
-    F~ and H~ live in one space, the one the projection z_i is trained in."""
+    F~ and H~ live in one space, the one the projection z_i is trained in (fit_on: raw features
+    [P+1][B] of other images to fit it on instead, e.g. the public split's)."""
     prompts, ndcr_prompt = prompts_for(dataset, class_names, labels)
     feats = raw_features(extractor, x, prompts + [ndcr_prompt], rows, memo)  # [P+1][B] (N, C_b)
     n_blocks = len(feats[0])
-    block_rows = [torch.cat([f[b] for f in feats]).double().numpy() for b in range(n_blocks)]  # (N(P+1), C_b)
+    fit_feats = feats if fit_on is None else fit_on
+    block_rows = [torch.cat([f[b] for f in fit_feats]).double().numpy() for b in range(n_blocks)]  # (N(P+1), C_b)
     pcas = fit_block_pcas(block_rows, pca_dims, seed)
     scales = [float(np.sqrt((p.transform(r) ** 2).sum(1).mean())) or 1.0 for p, r in zip(pcas, block_rows)]
     reduced = [project_blocks(pcas, scales, f, pca_dims) for f in feats]  # [P+1] (N, D)
@@ -181,7 +183,7 @@ def cache_key(ctx: ClientContext) -> str:
     """Everything the representations depend on: the data, the prior, t, blocks, PCA, prompts, seed."""
     c, o = ctx.cfg, ctx.cfg.options
     parts = (c.prior, c.dataset, c.partitioner, sorted(c.partitioner_params.items()), c.seed, c.image_size,
-             ctx.partition_id, ctx.num_partitions, o.t, o.blocks, o.pca_dims, o.labels)
+             ctx.partition_id, ctx.num_partitions, o.t, o.blocks, o.pca_dims, o.labels, o.pca_fit)
     return repr(parts)
 
 
@@ -201,8 +203,16 @@ def compute_targets(ctx: ClientContext) -> DiffusionTargets:
                          f"{len(prior.unet.up_blocks)} up-blocks; name them explicitly, e.g. '0,1'")
     memo = _RAW.setdefault(repr((c.prior, c.dataset, c.image_size, o.t, extractor.up_blocks, seed, ctx.device)),
                            {}) if SHARE_RAW_FEATURES else None
+    fit_on = None
+    if o.pca_fit == "public":  # one basis for the federation, from data no client owns
+        from feddata import load_server_data
+
+        public = load_server_data(c.dataset, "iid", {}, c.seed, 2, image_size=c.image_size).public
+        prompts, ndcr_prompt = prompts_for(c.dataset, list(shard.info.class_names), o.labels)
+        fit_on = raw_features(extractor, public.x, prompts + [ndcr_prompt], public.index, memo)
     return diffusion_targets(extractor, shard.train.x, shard.train.y, c.dataset, list(shard.info.class_names),
-                             o.labels, o.pca_dims, ctx.seed_for(0xFD1F), rows=shard.train.index, memo=memo)
+                             o.labels, o.pca_dims, ctx.seed_for(0xFD1F), rows=shard.train.index, memo=memo,
+                             fit_on=fit_on)
 
 
 def client_targets(ctx: ClientContext) -> tuple[DiffusionTargets, float]:

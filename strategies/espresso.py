@@ -62,7 +62,7 @@ class EspressoOptions:
     zigzag_t: int = opt(DEFAULT_ZIGZAG_T, low=0, high=1000, help="T_z: zigzag on steps with t > T_z")
     gamma1: float = opt(DEFAULT_GUIDANCE, low=0.0, help="guidance of the denoising steps (CFG vs the empty prompt)")
     gamma2: float = opt(DEFAULT_GAMMA2, low=0.0, help="guidance of Z-sampling's inversion step (< gamma1)")
-    steps: int = opt(25, low=1, high=1000, help="DDIM steps of the server's sampler")
+    steps: int = opt(10, low=1, high=1000, help="DDIM steps of the server's sampler (10: one zigzag above T_z=800)")
     embed_steps: int = opt(100, low=0, help="Adam steps of condition learning per client (all conditions together)")
     embed_lr: float = opt(0.01, low=0.0, low_open=True, help="Adam learning rate of condition learning")
     embed_batch: int = opt(32, low=1, help="minibatch of condition learning")
@@ -70,7 +70,7 @@ class EspressoOptions:
     mixup_alpha: float = opt(1.0, low=0.0, low_open=True, help="MixUp lambda ~ Beta(alpha, alpha)")
     diffusions_per_latent: int = opt(4, low=1, help="forward diffusions (fresh eps) of each MixUp'd latent")
     features: str = opt("unet", help="clustering features: unet (the prior's DIFT features) or a DINOv2/CLIP id/folder")
-    synth_batch: int = opt(256, low=1, help="images per sampler call on the server")
+    synth_batch: int = opt(64, low=1, help="images per sampler call on the server")
     ship_prior: str = opt("auto", choices=("auto", "always", "never"),
                           help="send the prior's weights to clients: auto = for tiny, or when a client asks")
 

@@ -35,6 +35,9 @@ class FedDifRCOptions:
     pca_dims: int = opt(32, low=1, help="PCA components per up-block (paper on SD: 256/128/128); capped "
                                          "by the block's channels and the client's rows, zero-padded")
     labels: bool = opt(True, help="false: self-supervised prompts (no labels in TDCL/NDCR)")
+    pca_fit: str = opt("client", choices=("client", "public"),
+                       help="rows each block's PCA is fitted on: the client's own (private, one basis per "
+                            "client) or the dataset's public split (one basis shared by all clients)")
     up_blocks: str = opt("", help="comma-separated decoder up-block indices; '' = the last three")
 
     def __post_init__(self) -> None:

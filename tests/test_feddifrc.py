@@ -112,6 +112,25 @@ def test_pca_is_fitted_on_the_clients_own_data_only(prior_dir):
         assert (allrows[:, 8 * blk:8 * (blk + 1)] ** 2).sum(1).mean().item() == pytest.approx(1.0, rel=1e-4)
 
 
+def test_fit_on_other_rows_gives_every_client_one_basis(prior_dir):
+    # feddifrc.pca-fit = public: the basis comes from rows no client owns and is shared by all
+    a, b, pub = _ctx(prior_dir, pid=0), _ctx(prior_dir, pid=1), _ctx(prior_dir, pid=2)
+    prior = fd.load_frozen_prior(str(prior_dir), "digits", "cpu")
+    ex = UNetFeatureExtractor(prior, t=300, up_blocks=(0, 1), seed=5)
+    names = list(a.shard.info.class_names)
+    prompts, generic = fd.prompts_for("digits", names, True)
+    fit_on = fd.raw_features(ex, pub.shard.train.x, prompts + [generic])
+    ta = fd.diffusion_targets(ex, a.shard.train.x, a.shard.train.y, "digits", names, True, 8, fit_on=fit_on)
+    tb = fd.diffusion_targets(ex, b.shard.train.x, b.shard.train.y, "digits", names, True, 8, fit_on=fit_on)
+    for blk in range(2):
+        assert torch.equal(torch.from_numpy(ta.pcas[blk].components_), torch.from_numpy(tb.pcas[blk].components_))
+        want = torch.cat([f[blk] for f in fit_on]).mean(0)
+        assert torch.allclose(torch.from_numpy(ta.pcas[blk].mean_).float(), want, atol=1e-4)
+    assert parse_run_config({"method": "feddifrc", "feddifrc.pca-fit": "public"}).options.pca_fit == "public"
+    with pytest.raises(ConfigError, match="feddifrc.pca-fit"):
+        parse_run_config({"method": "feddifrc", "feddifrc.pca-fit": "server"})
+
+
 def test_self_supervised_targets_put_the_positive_first(prior_dir):
     ctx = _ctx(prior_dir, pid=2, **{"feddifrc.labels": False})
     t = fd.compute_targets(ctx)

@@ -106,3 +106,14 @@ def test_load_prior_errors(tmp_path):
         load_prior(tmp_path / "half")
     with pytest.raises(ValueError, match=r"prior='tiny:digits'.*python -m fedapp.models.tiny_prior"):
         load_prior("tiny:digits", cache_dir=tmp_path)
+
+
+def test_evaluate_reports_accuracy_and_grid(built):
+    from fedapp.models.tiny_prior import evaluate_tiny_prior
+
+    _, folder = built
+    out = evaluate_tiny_prior(folder, "digits", per_class=2, guidances=(1.0, 3.0), num_steps=3, data=synthetic(),
+                              classifier_epochs=1)
+    assert 0 <= out["sample_accuracy"] <= 1 and out["sample_guidance"] in (1.0, 3.0)
+    assert set(out["accuracy_by_guidance"]) == {"1.0", "3.0"} and out["zigzag"]["unet_evals"] > 0
+    assert (folder / "samples.png").is_file()

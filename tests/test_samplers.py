@@ -32,9 +32,8 @@ def with_schedule(p: Prior, **schedule) -> Prior:
     return Prior(p.tokenizer, p.text_encoder, p.unet, DDIMScheduler(num_train_timesteps=1000, **schedule))
 
 
-@pytest.mark.parametrize("schedule", [SD_SCHEDULE, PIXEL_SCHEDULE, COSINE_V_SCHEDULE],
-                         ids=["sd", "pixel-clipped", "cos-v-clipped"])
-@pytest.mark.parametrize("num_steps", [10, 25])
+@pytest.mark.parametrize("schedule,num_steps", [(SD_SCHEDULE, 10), (PIXEL_SCHEDULE, 25), (COSINE_V_SCHEDULE, 10)],
+                         ids=["sd-10", "pixel-clipped-25", "cos-v-clipped-10"])
 def test_ddim_matches_diffusers_step_for_step(base, schedule, num_steps):
     p = with_schedule(base, **schedule)
     ref = DDIMScheduler(num_train_timesteps=1000, **schedule)
@@ -83,23 +82,24 @@ def test_inversion_step_is_exact_inverse_for_fixed_eps(base):
 def test_invert_then_denoise_returns_start_on_random_unet(base):
     """Tolerance: max |z0' - z0| < 2e-2 with 50 steps, SD schedule, guidance 1, on a tiny random UNet
     whose output layer is scaled by 0.01 (an untrained UNet's eps jumps between timesteps; a trained
-    one varies slowly, which is what DDIM inversion assumes). The error also shrinks with more steps."""
+    one varies slowly, which is what DDIM inversion assumes). The error also shrinks with more steps
+    (measured 7.8e-3 at 50 steps)."""
     p = with_schedule(base, **SD_SCHEDULE)
     unet = p.unet
     saved = [unet.conv_out.weight.clone(), unet.conv_out.bias.clone()]
     with torch.no_grad():
         unet.conv_out.weight.mul_(0.01), unet.conv_out.bias.mul_(0.01)
     try:
-        z0 = torch.rand(4, 3, 16, 16, generator=torch.Generator().manual_seed(1)) * 2 - 1
-        cond = p.encode_prompts([PROMPT] * 4)
+        z0 = torch.rand(2, 3, 16, 16, generator=torch.Generator().manual_seed(1)) * 2 - 1
+        cond = p.encode_prompts([PROMPT] * 2)
         errs = {}
-        for n in (25, 50):
+        for n in (20, 50):
             zT = samplers.ddim_invert_loop(p, z0, cond, n)
             out = p.sample(zT, cond, num_steps=n, guidance=1.0)
             errs[n] = (out.latents - z0).abs().max().item()
             assert out.unet_evals == n
         assert errs[50] < 2e-2
-        assert errs[50] < errs[25]
+        assert errs[50] < errs[20]
     finally:
         with torch.no_grad():
             unet.conv_out.weight.copy_(saved[0]), unet.conv_out.bias.copy_(saved[1])

@@ -13,7 +13,8 @@ validate_upload: one "prompts" pass (class counts only), one "class" pass (one l
 per class) and one "cluster" pass (J conditions per class + the GMM). The G and Z switches only
 change the server side, so C, C+G, C+Z and C+G+Z share the cluster pass, and the server side is the
 strategy's own synthesize_client -> train_global_classifier -> accuracy_by_group. The ceiling is
-strategies.centralized (an oracle on the union of the clients' real shards).
+strategies.centralized (an oracle on the union of the clients' real shards), trained for
+server-epochs x ratio epochs so that it sees as many minibatches as a synthetic row.
 """
 
 from __future__ import annotations
@@ -72,6 +73,11 @@ def client_uploads(cfg, prior, shards, kind: str) -> list[dict[str, torch.Tensor
     return out
 
 
+def ceiling_epochs(cfg) -> int:
+    """server-epochs x ratio: the ceiling sees as many minibatches as a synthetic row (|D'| = ratio |D|)."""
+    return max(1, round(cfg.server_epochs * cfg.options.ratio))
+
+
 def evaluate(model, server) -> dict[str, Any]:
     from fedapp.metrics import accuracy_by_group
 
@@ -117,7 +123,9 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
                     images[(name, shards[pid].meta["domain"])] = (x, y)
             x, y = torch.cat(xs), torch.cat(ys)
         t_synth = time.time() - t0
-        model = train_global_classifier(cfg.model, x, y, server.info.num_classes, epochs=cfg.server_epochs,
+        # the ceiling trains for as many minibatches as the synthetic rows: |D'| = ratio x |D|
+        epochs = cfg.server_epochs if kind is not None else ceiling_epochs(cfg)
+        model = train_global_classifier(cfg.model, x, y, server.info.num_classes, epochs=epochs,
                                         seed=seed, device=device)
         results[name] = {**evaluate(model, server), "num_train": len(x)}
         seconds[name] = {"data": round(t_synth, 1), "classifier": round(time.time() - t0 - t_synth, 1)}
@@ -259,7 +267,8 @@ def main(argv: list[str]) -> None:
                 ("model", "server-epochs", "prior", "image-size")}
         path.write_text(json.dumps({
             "setting": {"dataset": cfg.dataset, "partitioner": "domain", "clients": a.clients,
-                        "per-class": a.per_class, "seeds": a.seeds, "config": opts},
+                        "per-class": a.per_class, "seeds": a.seeds, "config": opts,
+                        "ceiling_epochs": ceiling_epochs(cfg)},
             "how": "one process; client uploads from clients.espresso.espresso_upload (one pass per kind: "
                    "prompts, class, cluster), validated by strategies.espresso.validate_upload; server side "
                    "strategies.espresso.synthesize_client + train_global_classifier; ceiling = "

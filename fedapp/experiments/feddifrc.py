@@ -37,7 +37,15 @@ METHODS = {
     "tdcl": ("+TDCL only", {"method": "feddifrc", "feddifrc.lambda-ndcr": 0.0}),
     "ndcr": ("+NDCR only", {"method": "feddifrc", "feddifrc.lambda-tdcl": 0.0}),
     "feddifrc": ("FedDifRC", {"method": "feddifrc"}),
+    # diagnostics, not in the paper and not run by default: PCA fitted on the public split (one basis
+    # for all clients); a tenth of NDCR's weight
+    "ndcr-public": ("+NDCR only, public PCA", {"method": "feddifrc", "feddifrc.lambda-tdcl": 0.0,
+                                                "feddifrc.pca-fit": "public"}),
+    "feddifrc-public": ("FedDifRC, public PCA", {"method": "feddifrc", "feddifrc.pca-fit": "public"}),
+    "ndcr-0.1": ("+NDCR only, lambda 0.1", {"method": "feddifrc", "feddifrc.lambda-tdcl": 0.0,
+                                            "feddifrc.lambda-ndcr": 0.1}),
 }
+DEFAULT_METHODS = ("fedavg", "fedprox", "moon", "tdcl", "ndcr", "feddifrc")
 # The paper's CIFAR-10 table (ResNet-10, SD-2.1, 10 clients, 50 rounds): NID1 = Dirichlet alpha, NID2 = pathological.
 PAPER = {
     "FedAvg": {"a0.05": 78.27, "a0.2": 84.65, "a0.5": 86.11, "path": 72.60},
@@ -176,7 +184,7 @@ def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog="python -m fedapp.experiments feddifrc", description=__doc__.split("\n")[0])
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--splits", default=",".join(SPLITS), help=f"subset of {','.join(SPLITS)}")
-    p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {','.join(METHODS)}")
+    p.add_argument("--methods", default=",".join(DEFAULT_METHODS), help=f"subset of {','.join(METHODS)}")
     p.add_argument("--rounds", type=int, default=20)
     p.add_argument("--local-epochs", type=int, default=2)
     p.add_argument("--lr", type=float, default=0.02)
@@ -239,9 +247,13 @@ def main(argv: list[str]) -> None:
                 json_path.write_text(json.dumps({"setup": setup, "paper_cifar10": PAPER, "results": results},
                                                 indent=1))
     all_splits = [s for s in SPLITS if s in results]
-    all_methods = [m for m in METHODS if any(m in results[s] for s in all_splits)]
-    text = table_text(results, all_splits, all_methods)
+    present = [m for m in METHODS if any(m in results[s] for s in all_splits)]
+    main_rows = [m for m in present if m in DEFAULT_METHODS]
     print(f"\n{a.dataset}, {a.clients} clients, {a.rounds} rounds x {a.local_epochs} local epochs; "
-          f"mean of the last {LAST} rounds' global test accuracy (%), mean ± std over seeds\n{text}")
-    plot(results, all_splits, all_methods, out / "feddifrc_rounds.png")
+          f"mean of the last {LAST} rounds' global test accuracy (%), mean ± std over seeds\n"
+          f"{table_text(results, all_splits, main_rows)}")
+    extra = [m for m in present if m not in DEFAULT_METHODS]
+    if extra:
+        print(f"\ndiagnostics (not in the paper)\n{table_text(results, all_splits, extra)}")
+    plot(results, all_splits, main_rows, out / "feddifrc_rounds.png")
     print(f"wrote {json_path} and {out / 'feddifrc_rounds.png'} ({time.time() - t_all:.0f} s)")

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import torch
 
-DEFAULT_GUIDANCE = 4.0  # gamma1: tuned on the tiny digits prior (tiny_prior.py); SD users often take 7.5
+DEFAULT_GUIDANCE = 3.0  # gamma1: best of 1..5 for the tiny digit-styles prior (79.5% vs 75.5% at 4); SD: ~7.5
 DEFAULT_GAMMA2 = 0.0  # gamma2 of the inversion step (Z-sampling paper: unconditional inversion)
 DEFAULT_ZIGZAG_T = 800  # T_z (Espresso)
 
