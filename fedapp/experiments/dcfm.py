@@ -17,6 +17,8 @@ import shutil
 import time
 from pathlib import Path
 
+from fedapp.results import atomic_write_json
+
 ROWS = [("fedflow", {}), ("ddm", {}), ("local-only-flow", {}),
         ("dcfm-a", {"dcfm.variant": "a"}), ("dcfm-b", {"dcfm.variant": "b"})]
 SPLITS = ("non-iid", "iid")  # the paper's headline column first
@@ -102,10 +104,10 @@ def main(argv: list[str]) -> None:
                 continue
             done["rows"].append(run_one(name, extra, split, a.clients, settings, a.runs))
             out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps(done, indent=2) + "\n")
+            atomic_write_json(out, done)
             print(table(done["rows"]), flush=True)
     done["paper_noniid_novel_fid"] = PAPER_NONIID_NOVEL_FID
-    out.write_text(json.dumps(done, indent=2) + "\n")
+    atomic_write_json(out, done)
     grid = [r for r in done["rows"] if r["method"] == "dcfm-b" and r["split"] == "non-iid"]
     if grid:
         shutil.copy(Path(grid[0]["run_dir"]) / "images" / "grid.png", out.with_name("dcfm_grid.png"))

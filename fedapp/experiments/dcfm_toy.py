@@ -22,6 +22,7 @@ import torch
 from clients.dcfm import train_expert
 from fedapp.models.compose import composite_field, generate, joint_field, mixture_composite
 from fedapp.models.flow import VelocityNet
+from fedapp.results import atomic_write_json
 
 CENTRE = 2.0  # modes at (±2, ±2)
 SIGMA = 0.35
@@ -143,7 +144,7 @@ def main(argv: list[str]) -> None:
     res = run_toy(**settings)
     plot(res, Path("docs/dcfm_toy.png"))
     info = {"mode_share": res["mode_share"], "seconds": round(time.time() - t0, 1), "settings": settings}
-    Path("docs/dcfm_toy.json").write_text(json.dumps(info, indent=2) + "\n")
+    atomic_write_json(Path("docs/dcfm_toy.json"), info)
     print(json.dumps(info, indent=2))
 
 

@@ -29,6 +29,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedapp.results import atomic_write_json
+
 ROWS = [  # name, client pass, server switches (conditions, init, sampler)
     ("Prompts-only", "prompts", ("prompts", "gaussian", "ddim")),
     ("class-embed", "class", ("class", "gaussian", "ddim")),
@@ -265,7 +267,7 @@ def main(argv: list[str]) -> None:
         md, summary = table(per_seed, domains)
         opts = {k: v for k, v in cfg.flat().items() if k.startswith("espresso.") or k in
                 ("model", "server-epochs", "prior", "image-size")}
-        path.write_text(json.dumps({
+        atomic_write_json(path, {
             "setting": {"dataset": cfg.dataset, "partitioner": "domain", "clients": a.clients,
                         "per-class": a.per_class, "seeds": a.seeds, "config": opts,
                         "ceiling_epochs": ceiling_epochs(cfg)},
@@ -275,7 +277,7 @@ def main(argv: list[str]) -> None:
                    "strategies.centralized.union_of_client_shards (oracle)",
             "accuracy": "percent on the server's global test set; avg = mean over the four domains",
             "summary": summary, "table_markdown": md, "per_seed": per_seed,
-            "paper_domainnet": PAPER_DOMAINNET}, indent=2) + "\n")
+            "paper_domainnet": PAPER_DOMAINNET})
         bar_chart(summary, domains, out / "espresso_ablation.png")
     md, _ = table(per_seed, domains)
     print(md)

@@ -24,6 +24,8 @@ from typing import Any
 
 import numpy as np
 
+from fedapp.results import atomic_write_json
+
 SPLITS = {
     "a0.05": {"partitioner": "dirichlet", "partitioner.alpha": 0.05},
     "a0.2": {"partitioner": "dirichlet", "partitioner.alpha": 0.2},
@@ -244,8 +246,7 @@ def main(argv: list[str]) -> None:
                 print(f"[{time.time() - t_all:6.0f}s] seed {seed} {s:5s} {METHODS[m][0]:11s} "
                       f"last-{LAST} {100 * np.mean(row['curve'][-LAST:]):.2f}%  ({row['seconds']} s)", flush=True)
                 out.mkdir(parents=True, exist_ok=True)
-                json_path.write_text(json.dumps({"setup": setup, "paper_cifar10": PAPER, "results": results},
-                                                indent=1))
+                atomic_write_json(json_path, {"setup": setup, "paper_cifar10": PAPER, "results": results})
     all_splits = [s for s in SPLITS if s in results]
     present = [m for m in METHODS if any(m in results[s] for s in all_splits)]
     main_rows = [m for m in present if m in DEFAULT_METHODS]

@@ -10,10 +10,11 @@ grows (total data fixed: the pool is split over more clients). Results are writt
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import time
 from pathlib import Path
+
+from fedapp.results import atomic_write_json
 
 TABLE_METHODS = ("centralized-ddpm", "fedavg-ddpm", "local-only", "pfdm")
 PAPER = {  # C-MNIST, client 0, FID (majority / minority / mean) and MIA on the global model (%)
@@ -121,7 +122,7 @@ def main(argv: list[str]) -> None:
     result = {"settings": vars(args), "paper": PAPER, "table": [], "scaling": []}
 
     def save():
-        (docs / "pfdm.json").write_text(json.dumps(result, indent=1, default=str))
+        atomic_write_json(docs / "pfdm.json", result)
 
     for method in args.methods.split(","):
         row = run_one(args, method, args.clients)
