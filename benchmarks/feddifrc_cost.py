@@ -37,7 +37,8 @@ def main() -> None:
     from fedapp.config import all_defaults, parse_run_config
     from fedapp.models.classifier import build_classifier
 
-    flat = {**all_defaults(), "method": "feddifrc", "prior": a.prior, "partitioner.name": "dirichlet",
+    flat = {**all_defaults(), "method": "feddifrc", "dataset": "digits", "prior": a.prior, "partitioner.name": "dirichlet",
+            "partitioner.per-class": 0,
             "partitioner.alpha": 0.5, "device": "cpu", "local-epochs": a.epochs}
     cfg = parse_run_config(flat)
     o = cfg.options

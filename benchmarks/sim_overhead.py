@@ -59,7 +59,8 @@ def main() -> None:
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--rounds", type=int, nargs=2, default=[1, 4])
     args = ap.parse_args()
-    flat = {"method": "fedavg", "dataset": "digits", "partitioner.name": "iid", "min-clients": args.clients}
+    flat = {"method": "fedavg", "dataset": "digits", "partitioner.name": "iid", "partitioner.per-class": 0,
+            "min-clients": args.clients}
     cfg = parse_run_config(flat)
     r1, r2 = args.rounds
     rows = {}

@@ -96,7 +96,7 @@ SMALL_TOY = dict(steps=300, fl_rounds=10, distill_steps=400, samples=256, method
 def _sim(tmp_path, method, **kw):
     import fedapp
 
-    cfg = {"method": method, "dataset": "colored-digits", "partitioner": "attribute-holdout",
+    cfg = {"method": method, "dataset": "colored-digits", "partitioner": "attribute-holdout", "partitioner.per-class": 0,
            "partitioner.coverage": 0.5, "partitioner.split": "non-iid", "image-size": 8,
            "out-dir": str(tmp_path), "num-server-rounds": 2, "min-clients": 2, "batch-size": 8,
            "dcfm.local-steps": 2, "dcfm.peer-steps": 2, "dcfm.distill-steps": 2, "dcfm.replay-paths": 4,

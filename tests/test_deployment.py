@@ -63,7 +63,7 @@ def test_loopback_deployment_runs_one_fedavg_round(tmp_path):
                                  f"127.0.0.1:{port}", "--host", "127.0.0.1", "--port", str(p),
                                  "--node-config", f"partition-id={k} num-partitions=2"], env, log))
         out_dir = tmp_path / "runs"
-        overrides = (f"method='fedavg' dataset='digits' num-server-rounds=1 min-clients=2 "
+        overrides = (f"method='fedavg' dataset='digits' partitioner.name='iid' partitioner.per-class=0 num-server-rounds=1 min-clients=2 "
                      f"run-name='deploy' out-dir='{out_dir}'")
         run = subprocess.run([str(BIN / "flwr"), "run", str(ROOT), "loopback", "--run-config", overrides,
                               "--stream"], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)

@@ -365,3 +365,26 @@ def test_espresso_end_to_end_simulation(tmp_path, prior_dir, monkeypatch):
     # the prior's weights went down in the train message (ship-prior=always)
     by_phase = json.loads((run / "comm.json").read_text())["by_phase"]
     assert all(p["train"]["down"] > 1_000_000 for p in by_phase.values())
+
+
+def test_ablation_command_writes_every_row_table_and_figures(tmp_path, prior_dir):
+    from fedapp.experiments import espresso_ablation as ab
+
+    sets = [f"{k}={v}" for k, v in {**FAST, "prior": str(prior_dir)}.items()]
+    ab.main(["--seeds", "0", "1", "--clients", "2", "--per-class", "2", "--threads", "1", "--out", str(tmp_path),
+             "--set", *sets])
+    out = json.loads((tmp_path / "espresso_ablation.json").read_text())
+    rows = [n for n, _, _ in ab.ROWS]
+    assert set(out["per_seed"]) == {"0", "1"} and list(out["summary"]) == rows
+    for res in out["per_seed"].values():
+        for name in rows:
+            r = res["results"][name]
+            assert r["mean_domain_accuracy"] == pytest.approx(np.mean(list(r["domain_accuracy"].values())))
+            # ratio 1.0: each synthetic row has as many images as the clients' real data
+            assert r["num_train"] == 2 * 10 * 2
+    accs = [100 * s["results"]["C"]["mean_domain_accuracy"] for s in out["per_seed"].values()]
+    assert out["summary"]["C"]["avg"]["mean"] == pytest.approx(np.mean(accs))
+    assert out["summary"]["C"]["avg"]["std"] == pytest.approx(np.std(accs))
+    assert out["table_markdown"].count("\n") == len(rows) + 1  # header, rule, one line per row
+    assert (tmp_path / "espresso_ablation.png").stat().st_size > 0
+    assert len(list(tmp_path.glob("espresso_synthetic_*.png"))) == 2  # one grid per client domain

@@ -10,7 +10,7 @@ import torch
 from fedapp.privacy import (clip_norm, forward_diffuse, ldp_epsilon, ldp_sigma2, linear_abar, privatize,
                             resolve_t0, smallest_t0)
 
-TINY = {"dataset": "colored-digits", "partitioner": "minority", "image-size": 8, "min-clients": 2,
+TINY = {"dataset": "colored-digits", "partitioner": "minority", "partitioner.per-class": 0, "image-size": 8, "min-clients": 2,
         "num-server-rounds": 1, "pfdm.local-steps": 3, "pfdm.shared-steps": 3, "pfdm.samples": 30,
         "pfdm.sample-steps": 3, "pfdm.attack-samples": 20, "pfdm.ref-epochs": 1, "pfdm.batch": 16}
 

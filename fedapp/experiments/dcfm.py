@@ -38,7 +38,7 @@ def run_one(name: str, extra: dict, split: str, clients: int, settings: dict, ou
     import fedapp
 
     method = "dcfm" if name.startswith("dcfm") else name
-    cfg = {"method": method, "dataset": "colored-digits", "partitioner": "attribute-holdout",
+    cfg = {"method": method, "dataset": "colored-digits", "partitioner": "attribute-holdout", "partitioner.per-class": 0,
            "partitioner.coverage": 0.5, "partitioner.split": split, "min-clients": clients,
            "out-dir": out_dir, "run-name": f"{name}-{split}", **settings, **extra}
     t0 = time.time()

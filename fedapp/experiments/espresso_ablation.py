@@ -138,6 +138,34 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
     return {"results": results, "seconds": seconds}, images
 
 
+def timed_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> tuple[int, dict, dict]:
+    if args.threads:  # again: a spawned worker starts with torch's default
+        torch.set_num_threads(args.threads)
+    t0 = time.time()
+    print(f"seed {seed}", flush=True)
+    res, images = run_seed(seed, args, overrides, keep_images)
+    res["wall_seconds"] = round(time.time() - t0, 1)
+    return seed, res, images
+
+
+def seed_results(seeds: list[int], args, overrides: dict[str, Any]):
+    """Yield (seed, results, images) as seeds finish; --jobs > 1 runs seeds in spawned processes
+    (seeds are independent, and one torch thread per seed uses small cores better than one seed on
+    all of them: the tiny UNet's batches do not scale past one or two threads)."""
+    keep = {s: s == args.seeds[0] for s in seeds}
+    if args.jobs <= 1:
+        for s in seeds:
+            yield timed_seed(s, args, overrides, keep[s])
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    with ProcessPoolExecutor(max_workers=args.jobs, mp_context=multiprocessing.get_context("spawn")) as pool:
+        futures = [pool.submit(timed_seed, s, args, overrides, keep[s]) for s in seeds]
+        for f in as_completed(futures):
+            yield f.result()
+
+
 def table(per_seed: dict[str, dict], domains: list[str]) -> tuple[str, dict]:
     """The paper-style markdown table: per-domain and average accuracy (%), mean ± std over seeds."""
     names = [n for n, _, _ in ROWS if all(n in s["results"] for s in per_seed.values())]
@@ -238,6 +266,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--out", default="docs")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--resume", action="store_true", help="skip seeds already in the JSON file")
+    p.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (use with --threads 1)")
     a = p.parse_args(argv)
     if a.threads:
         torch.set_num_threads(a.threads)
@@ -254,13 +283,8 @@ def main(argv: list[str]) -> None:
     info = dataset_info(cfg.dataset, image_size=cfg.image_size)
     domains = list(info.attributes["domain"])
     t_all = time.time()
-    for seed in a.seeds:
-        if str(seed) in per_seed:
-            continue
-        t0 = time.time()
-        print(f"seed {seed}", flush=True)
-        res, images = run_seed(seed, a, overrides, keep_images=(seed == a.seeds[0]))
-        res["wall_seconds"] = round(time.time() - t0, 1)
+    todo = [s for s in a.seeds if str(s) not in per_seed]
+    for seed, res, images in seed_results(todo, a, overrides):
         per_seed[str(seed)] = res
         if images:
             image_grids(images, info.num_classes, out)
@@ -271,7 +295,7 @@ def main(argv: list[str]) -> None:
             "setting": {"dataset": cfg.dataset, "partitioner": "domain", "clients": a.clients,
                         "per-class": a.per_class, "seeds": a.seeds, "config": opts,
                         "ceiling_epochs": ceiling_epochs(cfg)},
-            "how": "one process; client uploads from clients.espresso.espresso_upload (one pass per kind: "
+            "how": "one process per seed (--jobs); client uploads from clients.espresso.espresso_upload (one pass per kind: "
                    "prompts, class, cluster), validated by strategies.espresso.validate_upload; server side "
                    "strategies.espresso.synthesize_client + train_global_classifier; ceiling = "
                    "strategies.centralized.union_of_client_shards (oracle)",

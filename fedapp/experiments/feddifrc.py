@@ -231,7 +231,7 @@ def main(argv: list[str]) -> None:
                     continue  # measured under this setup (and, for FedDifRC rows, with this prior)
                 flat = {"dataset": a.dataset, "num-server-rounds": a.rounds, "local-epochs": a.local_epochs,
                         "lr": a.lr, "batch-size": a.batch_size,
-                        "seed": seed, "prior": a.prior, "min-clients": 2, "device": "cpu",
+                        "seed": seed, "prior": a.prior, "min-clients": 2, "partitioner.per-class": 0, "device": "cpu",
                         "out-dir": a.runs_dir, "run-name": f"{m}-{s}-s{seed}", **SPLITS[s], **METHODS[m][1]}
                 t0 = time.time()
                 summary = run_cell(flat, a.clients, a.backend)

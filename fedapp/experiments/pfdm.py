@@ -31,7 +31,8 @@ KEEP = ("majority_distance", "minority_distance", "mean_distance", "sample_accur
 
 
 def config(args, method: str) -> dict:
-    return {"method": method, "dataset": "colored-digits", "partitioner": "minority", "image-size": args.image_size,
+    return {"method": method, "dataset": "colored-digits", "partitioner": "minority", "partitioner.per-class": 0,
+            "image-size": args.image_size,
             "seed": args.seed, "out-dir": args.out, "min-clients": 2, "num-server-rounds": args.rounds,
             "pfdm.local-steps": args.steps, "pfdm.shared-steps": args.steps, "pfdm.samples": args.samples,
             "pfdm.sample-steps": args.sample_steps, "pfdm.attack-samples": args.attack_samples,
