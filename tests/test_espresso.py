@@ -372,7 +372,7 @@ def test_ablation_command_writes_every_row_table_and_figures(tmp_path, prior_dir
 
     sets = [f"{k}={v}" for k, v in {**FAST, "prior": str(prior_dir)}.items()]
     ab.main(["--seeds", "0", "1", "--clients", "2", "--per-class", "2", "--threads", "1", "--out", str(tmp_path),
-             "--set", *sets])
+             "--fidelity", "--set", *sets])
     out = json.loads((tmp_path / "espresso_ablation.json").read_text())
     rows = [n for n, _, _ in ab.ROWS]
     assert set(out["per_seed"]) == {"0", "1"} and list(out["summary"]) == rows
@@ -382,9 +382,33 @@ def test_ablation_command_writes_every_row_table_and_figures(tmp_path, prior_dir
             assert r["mean_domain_accuracy"] == pytest.approx(np.mean(list(r["domain_accuracy"].values())))
             # ratio 1.0: each synthetic row has as many images as the clients' real data
             assert r["num_train"] == 2 * 10 * 2
+            assert 0 <= r["class_fidelity"] <= 1 and 0 <= r["domain_fidelity"] <= 1
+        assert 0 <= res["readers"]["domain_reader_test_accuracy"] <= 1
     accs = [100 * s["results"]["C"]["mean_domain_accuracy"] for s in out["per_seed"].values()]
     assert out["summary"]["C"]["avg"]["mean"] == pytest.approx(np.mean(accs))
     assert out["summary"]["C"]["avg"]["std"] == pytest.approx(np.std(accs))
     assert out["table_markdown"].count("\n") == len(rows) + 1  # header, rule, one line per row
     assert (tmp_path / "espresso_ablation.png").stat().st_size > 0
     assert len(list(tmp_path.glob("espresso_synthetic_*.png"))) == 2  # one grid per client domain
+    assert out["fidelity_markdown"].count("\n") == len(rows) + 1
+
+
+def test_fidelity_counts_the_intended_class_and_the_clients_own_domain():
+    from fedapp.experiments.espresso_ablation import fidelity
+
+    class Reader(torch.nn.Module):  # reads the label off the first pixel
+        def __init__(self):
+            super().__init__()
+            self.unused = torch.nn.Parameter(torch.zeros(1))  # predict() looks up the device here
+
+        def forward(self, x):
+            return torch.nn.functional.one_hot(x[:, 0, 0, 0].long(), 10).float()
+
+    x0 = torch.zeros(4, 3, 2, 2)
+    x0[:, 0, 0, 0] = torch.tensor([1.0, 1.0, 2.0, 0.0])
+    x1 = torch.zeros(2, 3, 2, 2)
+    x1[:, 0, 0, 0] = torch.tensor([3.0, 3.0])
+    got = fidelity({"class": Reader(), "domain": Reader()},
+                   [(x0, torch.tensor([1, 1, 2, 2])), (x1, torch.tensor([3, 0]))], domains=[1, 3])
+    assert got["class_fidelity"] == pytest.approx(4 / 6)  # 1, 1, 2 and the first 3 are read right
+    assert got["domain_fidelity"] == pytest.approx(4 / 6)  # client 0 (domain 1): two of four; client 1: both

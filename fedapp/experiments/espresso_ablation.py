@@ -88,6 +88,33 @@ def evaluate(model, server) -> dict[str, Any]:
     return m
 
 
+def fidelity_readers(server, seed: int, epochs: int = 15) -> dict[str, Any]:
+    """Two SmallCNNs trained on the server's real public split: a class reader and a domain reader
+    (which of the four styles an image is in), with their accuracy on the real global test set."""
+    from fedapp.models.classifier import SmallCNN, accuracy, train_classifier
+
+    pub, test = server.public, server.test
+    out = {}
+    for name, y, y_test, k in (("class", pub.y, test.y, server.info.num_classes),
+                               ("domain", pub.attrs["domain"], test.attrs["domain"],
+                                len(server.info.attributes["domain"]))):
+        torch.manual_seed(seed)
+        net = train_classifier(SmallCNN(k, in_ch=pub.x.shape[1]), pub.x, y, epochs=epochs, seed=seed)
+        out[name] = net.eval()
+        out[f"{name}_reader_test_accuracy"] = accuracy(net, test.x, y_test)
+    return out
+
+
+def fidelity(readers: dict[str, Any], synth: list[tuple[torch.Tensor, torch.Tensor]], domains: list[int]) -> dict:
+    """Share of the synthetic images whose class the class reader reads as the intended one, and
+    share of client k's images the domain reader puts in client k's domain (chance: 1/4)."""
+    from fedapp.models.classifier import predict
+
+    cls = torch.cat([(predict(readers["class"], x) == y).float() for x, y in synth])
+    dom = torch.cat([(predict(readers["domain"], x) == d).float() for (x, _), d in zip(synth, domains)])
+    return {"class_fidelity": float(cls.mean()), "domain_fidelity": float(dom.mean())}
+
+
 def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> tuple[dict, dict]:
     from feddata import load_client_shard, load_server_data
     from fedapp.models.text import class_prompts
@@ -103,6 +130,8 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
                                 image_size=cfg.image_size) for pid in range(args.clients)]
     prompt_cond = prior.encode_prompts(class_prompts(cfg.dataset, server.info.class_names)).float().cpu()
     results, uploads, images, seconds = {}, {}, {}, {}
+    readers = fidelity_readers(server, seed) if args.fidelity else None
+    domain_ids = [server.info.attributes["domain"].index(s.meta["domain"]) for s in shards]
     for name, kind, switches in ROWS:
         if name not in args.rows:
             continue
@@ -123,6 +152,7 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
                 ys.append(y)
                 if keep_images:
                     images[(name, shards[pid].meta["domain"])] = (x, y)
+            synth = list(zip(xs, ys))
             x, y = torch.cat(xs), torch.cat(ys)
         t_synth = time.time() - t0
         # the ceiling trains for as many minibatches as the synthetic rows: |D'| = ratio x |D|
@@ -130,12 +160,18 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
         model = train_global_classifier(cfg.model, x, y, server.info.num_classes, epochs=epochs,
                                         seed=seed, device=device)
         results[name] = {**evaluate(model, server), "num_train": len(x)}
+        if readers is not None:
+            results[name].update(fidelity(readers, synth if kind is not None else
+                                          [(sh.train.x, sh.train.y) for sh in shards], domain_ids))
         seconds[name] = {"data": round(t_synth, 1), "classifier": round(time.time() - t0 - t_synth, 1)}
         print(f"  seed {seed}: {name:12s} mean-domain acc {results[name]['mean_domain_accuracy']:.4f} "
               f"({seconds[name]['data']} s data, {seconds[name]['classifier']} s classifier)", flush=True)
     if keep_images:
         images["real"] = {s.meta["domain"]: (s.train.x, s.train.y) for s in shards}
-    return {"results": results, "seconds": seconds}, images
+    out = {"results": results, "seconds": seconds}
+    if readers is not None:
+        out["readers"] = {k: v for k, v in readers.items() if k.endswith("test_accuracy")}
+    return out, images
 
 
 def timed_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> tuple[int, dict, dict]:
@@ -186,6 +222,21 @@ def table(per_seed: dict[str, dict], domains: list[str]) -> tuple[str, dict]:
         cells = " | ".join(f"{summary[n][col]['mean']:.1f} ± {summary[n][col]['std']:.1f}" for col in cols)
         lines.append(f"| {n} | {c} | {g} | {z} | {cells} | {paper} |")
     return "\n".join(lines), summary
+
+
+def fidelity_table(per_seed: dict[str, dict]) -> str:
+    """Class and domain fidelity (%) of each row's training images, mean ± std over seeds ('' if not measured)."""
+    names = [n for n, _, _ in ROWS if all("domain_fidelity" in s["results"].get(n, {}) for s in per_seed.values())]
+    if not names:
+        return ""
+    lines = ["| config | class fidelity | domain fidelity |", "|---|---|---|"]
+    for n in names:
+        cells = []
+        for key in ("class_fidelity", "domain_fidelity"):
+            v = [100 * s["results"][n][key] for s in per_seed.values()]
+            cells.append(f"{np.mean(v):.1f} ± {np.std(v):.1f}")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
 
 
 def bar_chart(summary: dict, domains: list[str], path: Path) -> None:
@@ -266,6 +317,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--out", default="docs")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--resume", action="store_true", help="skip seeds already in the JSON file")
+    p.add_argument("--fidelity", action="store_true",
+                   help="also read the synthetic images with a class and a domain classifier trained on real public images")
     p.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (use with --threads 1)")
     a = p.parse_args(argv)
     if a.threads:
@@ -300,9 +353,13 @@ def main(argv: list[str]) -> None:
                    "strategies.espresso.synthesize_client + train_global_classifier; ceiling = "
                    "strategies.centralized.union_of_client_shards (oracle)",
             "accuracy": "percent on the server's global test set; avg = mean over the four domains",
-            "summary": summary, "table_markdown": md, "per_seed": per_seed,
+            "summary": summary, "table_markdown": md, "fidelity_markdown": fidelity_table(per_seed),
+            "per_seed": per_seed,
             "paper_domainnet": PAPER_DOMAINNET})
         bar_chart(summary, domains, out / "espresso_ablation.png")
     md, _ = table(per_seed, domains)
     print(md)
+    fid = fidelity_table(per_seed)
+    if fid:
+        print(f"\nread by classifiers trained on real public images (Ceiling row: the clients' real data)\n{fid}")
     print(f"({time.time() - t_all:.0f} s; {path}, {out / 'espresso_ablation.png'}, {out}/espresso_synthetic_<domain>.png)")
