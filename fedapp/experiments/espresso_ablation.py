@@ -258,8 +258,8 @@ def bar_chart(summary: dict, domains: list[str], path: Path) -> None:
     lo = min(summary[n][c]["mean"] - summary[n][c]["std"] for n in names for c in cols)
     ax.set_ylim(max(0, lo - 10), 100)
     ax.grid(axis="y", alpha=0.3)
-    ax.legend(ncol=len(names), fontsize=8, loc="upper center", bbox_to_anchor=(0.5, 1.15))
-    ax.set_title("Espresso ablation, digit-styles (domain partitioner), mean ± std over seeds", pad=28)
+    ax.legend(ncol=len(names), fontsize=8, loc="lower center", bbox_to_anchor=(0.5, 1.0))
+    ax.set_title("Espresso ablation, digit-styles (domain partitioner), mean ± std over seeds", pad=30)
     fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
 
