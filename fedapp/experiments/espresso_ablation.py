@@ -88,7 +88,7 @@ def evaluate(model, server) -> dict[str, Any]:
     return m
 
 
-def fidelity_readers(server, seed: int, epochs: int = 15) -> dict[str, Any]:
+def fidelity_readers(server, seed: int, epochs: int = 40) -> dict[str, Any]:
     """Two SmallCNNs trained on the server's real public split: a class reader and a domain reader
     (which of the four styles an image is in), with their accuracy on the real global test set."""
     from fedapp.models.classifier import SmallCNN, accuracy, train_classifier
