@@ -372,7 +372,7 @@ def test_ablation_command_writes_every_row_table_and_figures(tmp_path, prior_dir
 
     sets = [f"{k}={v}" for k, v in {**FAST, "prior": str(prior_dir)}.items()]
     ab.main(["--seeds", "0", "1", "--clients", "2", "--per-class", "2", "--threads", "1", "--out", str(tmp_path),
-             "--fidelity", "--set", *sets])
+             "--fidelity", "--reader-epochs", "1", "--set", *sets])
     out = json.loads((tmp_path / "espresso_ablation.json").read_text())
     rows = [n for n, _, _ in ab.ROWS]
     assert set(out["per_seed"]) == {"0", "1"} and list(out["summary"]) == rows

@@ -130,7 +130,7 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
                                 image_size=cfg.image_size) for pid in range(args.clients)]
     prompt_cond = prior.encode_prompts(class_prompts(cfg.dataset, server.info.class_names)).float().cpu()
     results, uploads, images, seconds = {}, {}, {}, {}
-    readers = fidelity_readers(server, seed) if args.fidelity else None
+    readers = fidelity_readers(server, seed, args.reader_epochs) if args.fidelity else None
     domain_ids = [server.info.attributes["domain"].index(s.meta["domain"]) for s in shards]
     for name, kind, switches in ROWS:
         if name not in args.rows:
@@ -319,6 +319,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--resume", action="store_true", help="skip seeds already in the JSON file")
     p.add_argument("--fidelity", action="store_true",
                    help="also read the synthetic images with a class and a domain classifier trained on real public images")
+    p.add_argument("--reader-epochs", type=int, default=40, help="epochs of the --fidelity readers")
     p.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (use with --threads 1)")
     a = p.parse_args(argv)
     if a.threads:
