@@ -46,6 +46,8 @@ METHODS = {
     "feddifrc-public": ("FedDifRC, public PCA", {"method": "feddifrc", "feddifrc.pca-fit": "public"}),
     "ndcr-0.1": ("+NDCR only, lambda 0.1", {"method": "feddifrc", "feddifrc.lambda-tdcl": 0.0,
                                             "feddifrc.lambda-ndcr": 0.1}),
+    "tdcl-0.1": ("+TDCL only, lambda 0.1", {"method": "feddifrc", "feddifrc.lambda-ndcr": 0.0,
+                                            "feddifrc.lambda-tdcl": 0.1}),
 }
 DEFAULT_METHODS = ("fedavg", "fedprox", "moon", "tdcl", "ndcr", "feddifrc")
 # The paper's CIFAR-10 table (ResNet-10, SD-2.1, 10 clients, 50 rounds): NID1 = Dirichlet alpha, NID2 = pathological.
