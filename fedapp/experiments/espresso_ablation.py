@@ -138,6 +138,7 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
         t0 = time.time()
         if kind is None:  # the oracle ceiling
             x, y = union_of_client_shards(cfg, args.clients)
+            synth = [(sh.train.x, sh.train.y) for sh in shards]  # what the fidelity readers read: real data
         else:
             if kind not in uploads:
                 t1 = time.time()
@@ -161,8 +162,7 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
                                         seed=seed, device=device)
         results[name] = {**evaluate(model, server), "num_train": len(x)}
         if readers is not None:
-            results[name].update(fidelity(readers, synth if kind is not None else
-                                          [(sh.train.x, sh.train.y) for sh in shards], domain_ids))
+            results[name].update(fidelity(readers, synth, domain_ids))
         seconds[name] = {"data": round(t_synth, 1), "classifier": round(time.time() - t0 - t_synth, 1)}
         print(f"  seed {seed}: {name:12s} mean-domain acc {results[name]['mean_domain_accuracy']:.4f} "
               f"({seconds[name]['data']} s data, {seconds[name]['classifier']} s classifier)", flush=True)

@@ -363,7 +363,7 @@ def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
                         seed: int = 0, data=None, classifier_epochs: int = 30) -> dict:
     """Share of class-prompted samples that a reference classifier (SmallCNN trained on the real
     public split) labels as the prompted class, per guidance; saves samples.png (rows = classes)."""
-    from .classifier import SmallCNN, predict, train_classifier
+    from .classifier import SmallCNN, accuracy, train_classifier
     from .prior import load_prior
 
     folder = Path(folder)
@@ -380,7 +380,7 @@ def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
 
         test = feddata.load_server_data(dataset, "iid", {}, meta["seed"], num_partitions=4,
                                         image_size=meta["image_size"]).test
-        ref_test = round(float((predict(ref, test.x) == test.y).float().mean()), 4)
+        ref_test = round(accuracy(ref, test.x, test.y), 4)
     prior = load_prior(folder)
     prompts = class_prompts(dataset, class_names)
     labels = torch.arange(len(class_names)).repeat_interleave(per_class)
@@ -390,7 +390,7 @@ def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
     for g in guidances:
         t1 = time.time()
         out = prior.sample(noise, cond, num_steps=num_steps, guidance=g)
-        acc = float((predict(ref, out.images) == labels).float().mean())
+        acc = accuracy(ref, out.images, labels)
         result[str(g)] = {"accuracy": round(acc, 4), "seconds": round(time.time() - t1, 1)}
         if best is None or acc > best[1]:
             best = (g, acc, out.images)
@@ -398,7 +398,7 @@ def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
     # Z-sampling at the best guidance (gamma2 = 0, T_z = 800), from the same noise
     t1 = time.time()
     zz = prior.sample(noise, cond, num_steps=num_steps, guidance=best[0], sampler="zigzag")
-    zigzag = {"accuracy": round(float((predict(ref, zz.images) == labels).float().mean()), 4),
+    zigzag = {"accuracy": round(accuracy(ref, zz.images, labels), 4),
               "unet_evals": zz.unet_evals, "seconds": round(time.time() - t1, 1)}
     return {"sample_accuracy": round(best[1], 4), "sample_guidance": best[0], "accuracy_by_guidance": result,
             "zigzag": zigzag,
