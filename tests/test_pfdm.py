@@ -167,3 +167,31 @@ def test_generation_baseline_reports_the_same_metric_names(tmp_path):
     assert s["status"] == "completed"
     for key in ("majority_distance", "minority_distance", "mean_distance", "mia_auc", "mia_tpr_at_1fpr"):
         assert math.isfinite(s["metrics"][key]), key
+
+
+@pytest.mark.parametrize("method", ["local-only", "fedavg-ddpm"])
+def test_ddpm_baselines_protocols_on_an_in_process_grid(tmp_path, method):
+    """strategies/ddpm_baselines.py: local-only releases nothing (no MIA target, samples only);
+    fedavg-ddpm moves the whole DDPM each round and its released global model is attacked."""
+    from fedapp.config import all_defaults
+    from fedapp.experiments.feddifrc import InProcessGrid
+    from fedapp.models.ddpm import build_ddpm
+    from fedapp.server_app import run_server
+    from strategies.ddpm_baselines import NO_MIA
+
+    flat = {**all_defaults(), **{k: v for k, v in TINY.items() if k != "partitioner"},
+            "partitioner.name": "minority", "method": method, "out-dir": str(tmp_path), "run-name": method}
+    s = run_server(InProcessGrid(2), flat)
+    assert s["status"] == "completed" and s["failures"] == []
+    m = s["metrics"]
+    # local-only: one sample set per client; fedavg-ddpm: one released model, scored once (as client 0)
+    assert set(m["per_client"]) == ({"0", "1"} if method == "local-only" else {"0"})
+    assert all(math.isfinite(m[k]) for k in ("majority_distance", "minority_distance", "mean_distance"))
+    per = s["comm"]["per_client"]
+    if method == "local-only":
+        assert {k: m[k] for k in NO_MIA} == NO_MIA
+        assert all(p["messages_down"] == 1 and p["messages_up"] == 1 for p in per.values())
+    else:
+        assert math.isfinite(m["mia_auc"])
+        model_bytes = sum(a.numel() * a.element_size() for a in build_ddpm(8, 10, flag=False).state_dict().values())
+        assert all(p["up_bytes"] >= model_bytes * TINY["num-server-rounds"] for p in per.values())
