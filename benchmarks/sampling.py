@@ -21,8 +21,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedapp.models.samplers import DEFAULT_GUIDANCE, expected_unet_evals  # noqa: E402
-from fedapp.models.tiny_prior import TinyPriorConfig, random_tiny_prior  # noqa: E402
+from fedapp.models.prior.samplers import DEFAULT_GUIDANCE, expected_unet_evals  # noqa: E402
+from fedapp.models.prior.tiny import TinyPriorConfig, random_tiny_prior  # noqa: E402
 
 
 def time_call(prior, rows: int, repeats: int) -> float:

@@ -15,6 +15,9 @@ from torch.nn import functional as F
 
 from fedapp.client_context import ClientContext
 from fedapp.models.classifier import build_classifier
+from fedapp.protocols import (ACCURACY_KEY, ARRAYS_KEY, EVALUATE, LOSS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY,
+                              PROXIMAL_MU_KEY, ROUND_KEY, RUN_KEY)
+from fedapp.protocols.classify import TRAIN
 
 ExtraLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -73,27 +76,40 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: str = "
 def model_from_message(msg: Message, ctx: ClientContext) -> nn.Module:
     """The classifier named by the run config, loaded with the server's weights."""
     model = build_classifier(ctx.cfg.model, ctx.shard.info.num_classes)
-    model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
+    model.load_state_dict(msg.content.array_records[ARRAYS_KEY].to_torch_state_dict())
     return model
+
+
+def round_of(msg: Message) -> int:
+    """The server round Flower's loop stamps on the train config (0 outside its rounds)."""
+    return int(msg.content.config_records[RUN_KEY].get(ROUND_KEY, 0))
+
+
+def train_reply(model: nn.Module, num_examples: int, metrics: dict[str, float]) -> RecordDict:
+    """FedAvg's train reply: the local weights and the sample weight with the training metrics."""
+    return RecordDict({ARRAYS_KEY: ArrayRecord(model.cpu().state_dict()),
+                       METRICS_KEY: MetricRecord({NUM_EXAMPLES_KEY: num_examples, **metrics})})
+
+
+def evaluate_reply(model: nn.Module, ctx: ClientContext) -> RecordDict:
+    """The evaluate reply: the model's loss and accuracy on this client's real test split."""
+    loss, acc = evaluate(model, ctx.shard.test.x, ctx.shard.test.y, device=ctx.device)
+    return RecordDict({METRICS_KEY: MetricRecord({NUM_EXAMPLES_KEY: len(ctx.shard.test), LOSS_KEY: loss,
+                                                  ACCURACY_KEY: acc})})
 
 
 def handle_train(msg: Message, ctx: ClientContext, extra_loss: ExtraLoss | None = None) -> RecordDict:
     cfg, shard = ctx.cfg, ctx.shard
     model = model_from_message(msg, ctx)
-    rnd = int(msg.content.config_records["config"].get("server-round", 0))
-    mu = float(msg.content.config_records["config"].get("proximal-mu", 0.0))
+    mu = float(msg.content.config_records[RUN_KEY].get(PROXIMAL_MU_KEY, 0.0))
     stats = local_train(model, shard.train.x, shard.train.y, epochs=cfg.local_epochs, lr=cfg.lr,
-                        batch=cfg.batch_size, seed=ctx.seed_for(rnd), device=ctx.device,
+                        batch=cfg.batch_size, seed=ctx.seed_for(round_of(msg)), device=ctx.device,
                         prox_mu=mu, extra_loss=extra_loss)
-    metrics = MetricRecord({"num-examples": len(shard.train), **{f"train_{k}": v for k, v in stats.items()}})
-    return RecordDict({"arrays": ArrayRecord(model.cpu().state_dict()), "metrics": metrics})
+    return train_reply(model, len(shard.train), {f"train_{k}": v for k, v in stats.items()})
 
 
 def handle_evaluate(msg: Message, ctx: ClientContext) -> RecordDict:
-    model = model_from_message(msg, ctx)
-    loss, acc = evaluate(model, ctx.shard.test.x, ctx.shard.test.y, device=ctx.device)
-    return RecordDict({"metrics": MetricRecord({"num-examples": len(ctx.shard.test),
-                                                 "loss": loss, "accuracy": acc})})
+    return evaluate_reply(model_from_message(msg, ctx), ctx)
 
 
-HANDLERS = {"train": handle_train, "evaluate": handle_evaluate}
+HANDLERS = {TRAIN.message_type: handle_train, EVALUATE.message_type: handle_evaluate}

@@ -2,7 +2,8 @@
 
 The equations (masks eq. 8, composite eq. 5, L_CI eq. 7, L_peerCI eqs. 12-13) are tensor functions in
 fedapp/models/compose.py, shared with the server; here: the local training loop and the handlers.
-Client functions take tensors and return tensors; the Flower handlers are at the bottom.
+Client functions take tensors and return tensors; the Flower handlers are at the bottom (protocol, record
+keys: fedapp/protocols/dcfm.py).
 """
 
 from __future__ import annotations
@@ -13,10 +14,11 @@ import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedapp.client_context import ClientContext
-from fedapp.models.compose import (COUNTS_KEY, EXPERT_KEY, PEER_COUNTS_PREFIX, PEER_PREFIX, PHASE_KEY, STATE_KEY,
-                                   attribute_labels, build_velocity, ci_penalty, mask_labels, pair_counts,
+from fedapp.models.compose import (attribute_labels, build_velocity, ci_penalty, mask_labels, pair_counts,
                                    peer_ci_penalty, route_valid, sample_route)
 from fedapp.models.flow import VelocityNet, sample_path, target_velocity
+from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY, ROUND_KEY, RUN_KEY
+from fedapp.protocols import dcfm as P
 
 # ---- Stage I / variant A / baselines: one local loop ------------------------------------------------
 def train_expert(model: VelocityNet, x: torch.Tensor, y: torch.Tensor, *, steps: int, batch: int, lr: float,
@@ -64,9 +66,8 @@ def _opts(ctx: ClientContext):
 
 def _local_data(ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     shard = ctx.shard
-    names = ("digit", "color")
-    sizes = [len(shard.info.attributes[n]) for n in names]
-    return shard.train.x.float(), attribute_labels(shard.train, names), sizes
+    sizes = [len(shard.info.attributes[n]) for n in P.ATTRS]
+    return shard.train.x.float(), attribute_labels(shard.train, P.ATTRS), sizes
 
 
 def _model(ctx: ClientContext, sizes: list[int]) -> VelocityNet:
@@ -80,65 +81,66 @@ def _load(model: VelocityNet, rec: ArrayRecord) -> VelocityNet:
 
 
 def _reply(model: VelocityNet, counts: torch.Tensor, stats: dict[str, float], n: int) -> RecordDict:
-    return RecordDict({EXPERT_KEY: ArrayRecord(model.cpu().state_dict()),
-                       COUNTS_KEY: ArrayRecord({"pairs": counts}),
-                       "metrics": MetricRecord({"num-examples": n, **{f"train_{k}": v for k, v in stats.items()}})})
+    return RecordDict({P.EXPERT_KEY: ArrayRecord(model.cpu().state_dict()),
+                       P.COUNTS_KEY: ArrayRecord({P.PAIRS: counts}),
+                       METRICS_KEY: MetricRecord({NUM_EXAMPLES_KEY: n, **{f"train_{k}": v for k, v in stats.items()}})})
 
 
 def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
     """Stage I (no arrays in the message: a fresh expert, L_FM + lambda L_CI) or one FedFlow local round
-    (the global model in "arrays", plain masked L_FM). Uploads the model and the pair counts."""
+    (the global model in ARRAYS_KEY, plain masked L_FM). Uploads the model and the pair counts."""
     opts = _opts(ctx)
     x, y, sizes = _local_data(ctx)
     model = _model(ctx, sizes)
-    conf = msg.content.config_records["config"]
-    rnd = int(conf.get("server-round", 0))
-    phase = msg.content.config_records.get(PHASE_KEY, {})  # what the server asks of this round
-    lam = float(phase.get("lambda", opts.lambda_ci))
-    steps = int(phase.get("steps", opts.local_steps))
-    if "arrays" in msg.content.array_records:
-        _load(model, msg.content.array_records["arrays"])
+    conf = msg.content.config_records[RUN_KEY]
+    rnd = int(conf.get(ROUND_KEY, 0))
+    phase = msg.content.config_records.get(P.PHASE_KEY, {})  # what the server asks of this round
+    lam = float(phase.get(P.LAMBDA, opts.lambda_ci))
+    steps = int(phase.get(P.STEPS, opts.local_steps))
+    if ARRAYS_KEY in msg.content.array_records:
+        _load(model, msg.content.array_records[ARRAYS_KEY])
     stats = train_expert(model, x, y, steps=steps, batch=ctx.cfg.batch_size, lr=opts.lr,
                          pi=(opts.pi_full, opts.pi_marg, opts.pi_uncond), lambda_ci=lam,
                          seed=ctx.seed_for(rnd, 1), device=ctx.device)
     if ctx.state is not None:
-        ctx.state[STATE_KEY] = ArrayRecord(model.cpu().state_dict())
+        ctx.state[P.STATE_EXPERT] = ArrayRecord(model.cpu().state_dict())
     return _reply(model, pair_counts(y, sizes), stats, len(x))
 
 
 def handle_peer(msg: Message, ctx: ClientContext) -> RecordDict:
     """Variant A, one round: train the own expert (kept in node state) with L_FM + lambda L_peerCI against
-    the frozen peers of the allgather ("peer.<pid>" ArrayRecords)."""
+    the frozen peers of the allgather (P.PEER_PREFIX + pid ArrayRecords)."""
     opts = _opts(ctx)
     x, y, sizes = _local_data(ctx)
     own = _model(ctx, sizes)
-    if ctx.state is None or STATE_KEY not in ctx.state.array_records:
+    if ctx.state is None or P.STATE_EXPERT not in ctx.state.array_records:
         raise RuntimeError("dcfm variant A: no Stage I expert in this node's state (was `train` run first?)")
-    _load(own, ctx.state.array_records[STATE_KEY])
+    _load(own, ctx.state.array_records[P.STATE_EXPERT])
     peers, counts = {}, {}
     for key, rec in msg.content.array_records.items():
-        if key.startswith(PEER_PREFIX):
-            pid = int(key[len(PEER_PREFIX):])
+        if key.startswith(P.PEER_PREFIX):
+            pid = int(key[len(P.PEER_PREFIX):])
             peers[pid] = _load(build_velocity(ctx.cfg.image_size, sizes, opts.width), rec).to(ctx.device)
             for p in peers[pid].parameters():
                 p.requires_grad_(False)
-        elif key.startswith(PEER_COUNTS_PREFIX):
-            counts[int(key[len(PEER_COUNTS_PREFIX):])] = torch.as_tensor(rec["pairs"].numpy())
+        elif key.startswith(P.PEER_COUNTS_PREFIX):
+            counts[int(key[len(P.PEER_COUNTS_PREFIX):])] = torch.as_tensor(rec[P.PAIRS].numpy())
     counts[ctx.partition_id] = pair_counts(y, sizes)
-    rnd = int(msg.content.config_records["config"].get("server-round", 0))
+    rnd = int(msg.content.config_records[RUN_KEY].get(ROUND_KEY, 0))
     stats = train_expert(own, x, y, steps=opts.peer_steps, batch=ctx.cfg.batch_size, lr=opts.lr,
                          pi=(opts.pi_full, opts.pi_marg, opts.pi_uncond), lambda_ci=opts.lambda_ci,
                          seed=ctx.seed_for(rnd, 2), device=ctx.device, peers=peers,
                          self_index=ctx.partition_id, peer_counts=counts)
-    ctx.state[STATE_KEY] = ArrayRecord(own.cpu().state_dict())
+    ctx.state[P.STATE_EXPERT] = ArrayRecord(own.cpu().state_dict())
     return _reply(own, counts[ctx.partition_id], stats, len(x))
 
 
 def handle_receive(msg: Message, ctx: ClientContext) -> RecordDict:
     """Variant B's last message: the distilled student arrives; the client keeps it (no upload)."""
-    if ctx.state is not None and "arrays" in msg.content.array_records:
-        ctx.state["dcfm-student"] = msg.content.array_records["arrays"]
-    return RecordDict({"metrics": MetricRecord({"received": 1})})
+    if ctx.state is not None and ARRAYS_KEY in msg.content.array_records:
+        ctx.state[P.STATE_STUDENT] = msg.content.array_records[ARRAYS_KEY]
+    return RecordDict({METRICS_KEY: MetricRecord({P.RECEIVED: 1})})
 
 
-HANDLERS = {"train": handle_train, "query.peer": handle_peer, "query.receive": handle_receive}
+HANDLERS = {P.TRAIN.message_type: handle_train, P.PEER.message_type: handle_peer,
+            P.RECEIVE.message_type: handle_receive}

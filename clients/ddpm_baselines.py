@@ -1,4 +1,4 @@
-"""Clients of PFDM's generation baselines (options under `pfdm.*`):
+"""Clients of PFDM's generation baselines (options under `pfdm.*`; protocol: fedapp/protocols/pfdm.py):
 
 - `local-only` (`query.sample`): a class-conditional DDPM on the client's own data only (no
   collaboration, nothing uploaded but the evaluation samples); `pfdm.local-steps` steps.
@@ -15,6 +15,8 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedapp.client_context import ClientContext
 from fedapp.models.ddpm import build_ddpm, train_ddpm
+from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY, ROUND_KEY, RUN_KEY
+from fedapp.protocols import pfdm as P
 
 
 def train_local_ddpm(x, y, o, image_size: int, num_classes: int, seed: int, device: str = "cpu",
@@ -33,18 +35,18 @@ def handle_local_sample(msg: Message, ctx: ClientContext) -> RecordDict:
                                 ctx.seed_for(1), ctx.device)
     y = torch.arange(o.samples) % shard.info.num_classes
     x = model.sample(len(y), y, steps=o.sample_steps, generator=torch.Generator().manual_seed(ctx.seed_for(3)))
-    return RecordDict({"samples": ArrayRecord({"x": x, "y": y})})
+    return RecordDict({P.SAMPLES_KEY: ArrayRecord({P.X: x, P.Y: y})})
 
 
 def handle_fedavg_train(msg: Message, ctx: ClientContext) -> RecordDict:
     o, shard = ctx.cfg.options, ctx.shard
-    rnd = int(msg.content.config_records["config"].get("server-round", 1))
+    rnd = int(msg.content.config_records[RUN_KEY].get(ROUND_KEY, 1))
     steps = math.ceil(o.local_steps / ctx.cfg.num_server_rounds)
-    init = msg.content.array_records["arrays"].to_torch_state_dict()
+    init = msg.content.array_records[ARRAYS_KEY].to_torch_state_dict()
     model, loss = train_local_ddpm(shard.train.x, shard.train.y, o, ctx.cfg.image_size, shard.info.num_classes,
                                    ctx.seed_for(rnd), ctx.device, steps=steps, init=init)
-    return RecordDict({"arrays": ArrayRecord(model.state_dict()),
-                       "metrics": MetricRecord({"num-examples": len(shard.train), "train_loss": loss})})
+    return RecordDict({ARRAYS_KEY: ArrayRecord(model.state_dict()),
+                       METRICS_KEY: MetricRecord({NUM_EXAMPLES_KEY: len(shard.train), P.TRAIN_LOSS_METRIC: loss})})
 
 
-HANDLERS = {"query.sample": handle_local_sample, "train": handle_fedavg_train}
+HANDLERS = {P.LOCAL_SAMPLE.message_type: handle_local_sample, P.FEDAVG_TRAIN.message_type: handle_fedavg_train}

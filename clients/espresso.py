@@ -21,7 +21,6 @@ and return tensors; only `handle_train` knows Flower.
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 import numpy as np
 import torch
@@ -29,12 +28,10 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from clients.classify import handle_evaluate
 from fedapp.client_context import ClientContext
+from fedapp.protocols import EVALUATE, METRICS_KEY, NUM_EXAMPLES_KEY
+from fedapp.protocols import espresso as P
 
 log = logging.getLogger("fedapp")
-
-UPLOAD_KEY = "upload"  # ArrayRecord of the client's upload
-PRIOR_KEY = "prior"  # ConfigRecord the server ships the prior in: {"bytes": prior_to_bytes(folder)}
-REQUEST_KEY = "prior-request"  # ConfigRecord a client answers with when it cannot load the prior
 
 
 # ---- 1. intra-class clustering ------------------------------------------------------------------
@@ -152,7 +149,7 @@ def class_features(prior, x: torch.Tensor, spec: str, extractor=None) -> torch.T
 
 
 def espresso_upload(prior, x: torch.Tensor, y: torch.Tensor, *, num_classes: int, prompts: list[str],
-                    opts: Any, seed: int, extractor=None) -> dict[str, torch.Tensor]:
+                    opts: P.EspressoOptions, seed: int, extractor=None) -> dict[str, torch.Tensor]:
     """Everything client k uploads, from its training images x (N, 3, H, W) in [-1, 1] and labels y.
 
     opts carries the espresso.* switches (conditions, clusters, embed_*, init, gmm_components,
@@ -163,7 +160,7 @@ def espresso_upload(prior, x: torch.Tensor, y: torch.Tensor, *, num_classes: int
     counts = torch.bincount(y, minlength=num_classes)
     classes = [int(c) for c in torch.nonzero(counts).flatten()]
     out: dict[str, torch.Tensor] = {"class_counts": counts}
-    if not needs_prior(opts):
+    if not P.needs_prior(opts):
         return out
     z0 = prior.encode_images(x).float().cpu()  # E(x)
     if opts.conditions != "prompts":
@@ -187,19 +184,14 @@ def espresso_upload(prior, x: torch.Tensor, y: torch.Tensor, *, num_classes: int
 
 
 # ---- Flower handler ------------------------------------------------------------------------------
-def needs_prior(opts: Any) -> bool:
-    """Prompts-only with Gaussian noise uploads class counts only: no prior needed on the client."""
-    return opts.conditions != "prompts" or opts.init == "gmm"
-
-
 def load_client_prior(msg: Message, cfg, device: str):
     """The prior: unpacked from the message when the server shipped it (prior_to_bytes), else loaded
     locally; None when neither works and the server may ship it (the client then asks)."""
-    from fedapp.models import load_prior, prior_from_bytes
+    from fedapp.models.prior import load_prior, prior_from_bytes
 
-    shipped = msg.content.config_records.get(PRIOR_KEY)
-    if shipped is not None and "bytes" in shipped:
-        return load_prior(prior_from_bytes(shipped["bytes"]), device=device), None
+    shipped = msg.content.config_records.get(P.PRIOR_KEY)
+    if shipped is not None and P.PRIOR_BYTES in shipped:
+        return load_prior(prior_from_bytes(shipped[P.PRIOR_BYTES]), device=device), None
     try:
         return load_prior(cfg.prior, device=device, dataset=cfg.dataset), None
     except (ValueError, OSError) as err:
@@ -215,18 +207,18 @@ def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
     from fedapp.models.text import class_prompts
 
     cfg, opts = ctx.cfg, ctx.cfg.options
-    prior, why = load_client_prior(msg, cfg, ctx.device) if needs_prior(opts) else (None, None)
+    prior, why = load_client_prior(msg, cfg, ctx.device) if P.needs_prior(opts) else (None, None)
     if prior is None and why is not None:
         log.info("client %d cannot load prior %r (%s): asking the server for it", ctx.partition_id, cfg.prior, why)
-        return RecordDict({REQUEST_KEY: ConfigRecord({"needs-prior": True, "reason": why})})
+        return RecordDict({P.REQUEST_KEY: ConfigRecord({P.NEEDS_PRIOR: True, P.REASON: why})})
     shard = ctx.shard
     t0 = time.time()
     up = espresso_upload(prior, shard.train.x, shard.train.y, num_classes=shard.info.num_classes,
                          prompts=class_prompts(cfg.dataset, shard.info.class_names), opts=opts,
                          seed=ctx.seed_for(0))
-    metrics = MetricRecord({"num-examples": len(shard.train), "client-seconds": time.time() - t0,
-                            "num-conditions": int(len(up.get("embedding_class", [])))})
-    return RecordDict({UPLOAD_KEY: ArrayRecord(up), "metrics": metrics})
+    metrics = MetricRecord({NUM_EXAMPLES_KEY: len(shard.train), P.CLIENT_SECONDS: time.time() - t0,
+                            P.NUM_CONDITIONS: int(len(up.get("embedding_class", [])))})
+    return RecordDict({P.UPLOAD_KEY: ArrayRecord(up), METRICS_KEY: metrics})
 
 
-HANDLERS = {"train": handle_train, "evaluate": handle_evaluate}
+HANDLERS = {P.TRAIN.message_type: handle_train, EVALUATE.message_type: handle_evaluate}

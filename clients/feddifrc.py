@@ -24,27 +24,27 @@ unconditional branch the prior was trained with).
 from __future__ import annotations
 
 import time
-import zlib
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
-from clients.classify import evaluate, local_train
+from clients.classify import evaluate_reply, local_train, round_of, train_reply
 from fedapp.client_context import ClientContext
 from fedapp.models.classifier import build_classifier
 from fedapp.models.text import class_prompts
+from fedapp.protocols import ARRAYS_KEY, EVALUATE
+from fedapp.seeds import derive_seed
+from fedapp.protocols.feddifrc import CACHE_BYTES, FEATURE_SECONDS, STATE_TARGETS, STATE_TARGETS_ID, TRAIN
 
 SIMILAR_PROMPT = "a photo of a similar object"  # self-supervised TDCL positive
 VISUAL_PROMPT = "a photo of a visual object"  # self-supervised NDCR prompt
 GENERIC_PROMPT = ""  # NDCR prompt with labels: the unconditional branch
-STATE_KEY = "feddifrc.targets"  # Context.state entry holding the cached representations
-STATE_KEY_ID = "feddifrc.targets-key"  # ... and the cache key they were computed for
 _CACHE: dict[str, "DiffusionTargets"] = {}  # process memory: cache key -> representations
 # Opt-in (the table command turns it on): raw features per (prompt, base-table row), shared by
 # every client and split this process serves. Off, each client computes only its own rows.
@@ -195,7 +195,7 @@ def compute_targets(ctx: ClientContext) -> DiffusionTargets:
     prior = load_frozen_prior(c.prior, c.dataset, ctx.device)
     # eps of the noising step: one draw from the run seed shared by the federation (the paper's fixed
     # noise), so a sample's raw features do not depend on which client holds it
-    seed = zlib.crc32(f"feddifrc-eps,{c.seed}".encode()) & 0x7FFFFFFF
+    seed = derive_seed("feddifrc-eps", c.seed)
     extractor = UNetFeatureExtractor(prior, t=o.t, up_blocks=o.blocks, seed=seed)
     want = len(o.blocks) if o.blocks else 3
     if len(extractor.up_blocks) != want:
@@ -222,24 +222,24 @@ def client_targets(ctx: ClientContext) -> tuple[DiffusionTargets, float]:
     if key in _CACHE:
         return _CACHE[key], 0.0
     state = ctx.state
-    if state is not None and STATE_KEY in state.array_records and \
-            state.config_records.get(STATE_KEY_ID, {}).get("key") == key:
-        t = state.array_records[STATE_KEY].to_torch_state_dict()
+    if state is not None and STATE_TARGETS in state.array_records and \
+            state.config_records.get(STATE_TARGETS_ID, {}).get("key") == key:
+        t = state.array_records[STATE_TARGETS].to_torch_state_dict()
         _CACHE[key] = DiffusionTargets(F=t["F"], pos=t["pos"], H=t["H"])
         return _CACHE[key], 0.0
     t0 = time.time()
     targets = compute_targets(ctx)
     _CACHE[key] = targets
     if state is not None:
-        state[STATE_KEY] = ArrayRecord({"F": targets.F, "pos": targets.pos, "H": targets.H})
-        state[STATE_KEY_ID] = ConfigRecord({"key": key})
+        state[STATE_TARGETS] = ArrayRecord({"F": targets.F, "pos": targets.pos, "H": targets.H})
+        state[STATE_TARGETS_ID] = ConfigRecord({"key": key})
     return targets, time.time() - t0
 
 
 # ---- handlers ------------------------------------------------------------------------------------
 def model_from_message(msg: Message, ctx: ClientContext) -> nn.Module:
     model = build_classifier(ctx.cfg.model, ctx.shard.info.num_classes, proj_dim=ctx.cfg.options.projection_dim)
-    model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
+    model.load_state_dict(msg.content.array_records[ARRAYS_KEY].to_torch_state_dict())
     return model
 
 
@@ -248,19 +248,15 @@ def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
     targets, seconds = client_targets(ctx)
     model = model_from_message(msg, ctx)
     reg = FedDifRCLoss(targets, o.lambda_tdcl, o.lambda_ndcr, o.tau)
-    rnd = int(msg.content.config_records["config"].get("server-round", 0))
     stats = local_train(model, shard.train.x, shard.train.y, epochs=cfg.local_epochs, lr=cfg.lr,
-                        batch=cfg.batch_size, seed=ctx.seed_for(rnd), device=ctx.device, extra_loss=reg)
-    metrics = MetricRecord({"num-examples": len(shard.train), **{f"train_{k}": v for k, v in stats.items()},
-                            **{f"train_{k}": v for k, v in reg.means().items()},
-                            "cache-bytes": targets.nbytes, "feature-seconds": seconds})
-    return RecordDict({"arrays": ArrayRecord(model.cpu().state_dict()), "metrics": metrics})
+                        batch=cfg.batch_size, seed=ctx.seed_for(round_of(msg)), device=ctx.device, extra_loss=reg)
+    return train_reply(model, len(shard.train), {**{f"train_{k}": v for k, v in stats.items()},
+                                                 **{f"train_{k}": v for k, v in reg.means().items()},
+                                                 CACHE_BYTES: targets.nbytes, FEATURE_SECONDS: seconds})
 
 
 def handle_evaluate(msg: Message, ctx: ClientContext) -> RecordDict:
-    model = model_from_message(msg, ctx)
-    loss, acc = evaluate(model, ctx.shard.test.x, ctx.shard.test.y, device=ctx.device)
-    return RecordDict({"metrics": MetricRecord({"num-examples": len(ctx.shard.test), "loss": loss, "accuracy": acc})})
+    return evaluate_reply(model_from_message(msg, ctx), ctx)
 
 
-HANDLERS = {"train": handle_train, "evaluate": handle_evaluate}
+HANDLERS = {TRAIN.message_type: handle_train, EVALUATE.message_type: handle_evaluate}

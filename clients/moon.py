@@ -14,15 +14,15 @@ from __future__ import annotations
 import copy
 
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
-from clients.classify import evaluate, local_train
+from clients.classify import evaluate_reply, local_train, round_of, train_reply
 from fedapp.client_context import ClientContext
 from fedapp.models.classifier import build_classifier
-
-STATE_KEY = "moon.prev-model"  # Context.state entry: this client's previous local model
+from fedapp.protocols import ARRAYS_KEY, EVALUATE
+from fedapp.protocols.moon import STATE_PREV_MODEL, TRAIN
 
 
 def moon_contrastive(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float) -> torch.Tensor:
@@ -65,34 +65,33 @@ def build_model(ctx: ClientContext) -> nn.Module:
 
 def previous_model(ctx: ClientContext) -> nn.Module | None:
     """The client's last local model from Context.state, or None in its first round."""
-    if ctx.state is None or STATE_KEY not in ctx.state.array_records:
+    if ctx.state is None or STATE_PREV_MODEL not in ctx.state.array_records:
         return None
     model = build_model(ctx)
-    model.load_state_dict(ctx.state.array_records[STATE_KEY].to_torch_state_dict())
+    model.load_state_dict(ctx.state.array_records[STATE_PREV_MODEL].to_torch_state_dict())
     return frozen(model.to(ctx.device))
+
+
+def model_from_message(msg: Message, ctx: ClientContext) -> nn.Module:
+    model = build_model(ctx)
+    model.load_state_dict(msg.content.array_records[ARRAYS_KEY].to_torch_state_dict())
+    return model
 
 
 def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
     cfg, o, shard = ctx.cfg, ctx.cfg.options, ctx.shard
-    model = build_model(ctx)
-    model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
+    model = model_from_message(msg, ctx)
     reg = MoonLoss(frozen(copy.deepcopy(model).to(ctx.device)), previous_model(ctx), o.mu, o.tau)
-    rnd = int(msg.content.config_records["config"].get("server-round", 0))
     stats = local_train(model, shard.train.x, shard.train.y, epochs=cfg.local_epochs, lr=cfg.lr,
-                        batch=cfg.batch_size, seed=ctx.seed_for(rnd), device=ctx.device, extra_loss=reg)
-    arrays = ArrayRecord(model.cpu().state_dict())
+                        batch=cfg.batch_size, seed=ctx.seed_for(round_of(msg)), device=ctx.device, extra_loss=reg)
     if ctx.state is not None:
-        ctx.state[STATE_KEY] = arrays  # z_prev of the next round
-    metrics = MetricRecord({"num-examples": len(shard.train), **{f"train_{k}": v for k, v in stats.items()},
-                            "train_con": reg.mean()})
-    return RecordDict({"arrays": arrays, "metrics": metrics})
+        ctx.state[STATE_PREV_MODEL] = ArrayRecord(model.cpu().state_dict())  # z_prev of the next round
+    return train_reply(model, len(shard.train), {**{f"train_{k}": v for k, v in stats.items()},
+                                                 "train_con": reg.mean()})
 
 
 def handle_evaluate(msg: Message, ctx: ClientContext) -> RecordDict:
-    model = build_model(ctx)
-    model.load_state_dict(msg.content.array_records["arrays"].to_torch_state_dict())
-    loss, acc = evaluate(model, ctx.shard.test.x, ctx.shard.test.y, device=ctx.device)
-    return RecordDict({"metrics": MetricRecord({"num-examples": len(ctx.shard.test), "loss": loss, "accuracy": acc})})
+    return evaluate_reply(model_from_message(msg, ctx), ctx)
 
 
-HANDLERS = {"train": handle_train, "evaluate": handle_evaluate}
+HANDLERS = {TRAIN.message_type: handle_train, EVALUATE.message_type: handle_evaluate}

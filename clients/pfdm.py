@@ -7,7 +7,8 @@ local-DP upload, and two-stage sampling.
   upload D~_m: x~ = sqrt(abar_t0) CLIP(x, C) + sqrt(1 - abar_t0) z, with the labels (fedapp.privacy)
   sampling: shared z_w from T down to t0, then z_theta_m from t0 to 0 with the unclipped flag
 
-Plain tensor functions first; the Flower handlers at the bottom only unpack and pack records.
+Plain tensor functions first; the Flower handlers at the bottom only unpack and pack records
+(protocol: fedapp/protocols/pfdm.py).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from fedapp.client_context import ClientContext
 from fedapp.models.ddpm import DDPM, build_ddpm, train_ddpm
 from fedapp.privacy import clip_norm, privatize, resolve_t0
+from fedapp.protocols import METRICS_KEY, NUM_EXAMPLES_KEY
+from fedapp.protocols import pfdm as P
 
-STATE_KEY = "pfdm.private"  # the private denoiser's weights, kept in the node's Context.state only
 UNCLIPPED, CLIPPED = 0, 1   # values of the auxiliary flag
 
 
@@ -77,9 +79,9 @@ def private_only_sample(private: DDPM, y: torch.Tensor, steps: int, seed: int) -
 def _private_model(ctx: ClientContext) -> DDPM:
     """The private denoiser from Context.state; retrained (same seed, same weights) if the node restarted."""
     o, shard = ctx.cfg.options, ctx.shard
-    if ctx.state is not None and STATE_KEY in ctx.state.array_records:
+    if ctx.state is not None and P.STATE_PRIVATE in ctx.state.array_records:
         model = build_ddpm(ctx.cfg.image_size, shard.info.num_classes, flag=True, channels=o.channels)
-        model.load_state_dict(ctx.state.array_records[STATE_KEY].to_torch_state_dict())
+        model.load_state_dict(ctx.state.array_records[P.STATE_PRIVATE].to_torch_state_dict())
         return model.eval()
     return train_private_denoiser(shard.train.x, shard.train.y, o, ctx.cfg.image_size, shard.info.num_classes,
                                   ctx.seed_for(1), ctx.device)
@@ -92,10 +94,10 @@ def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
     model = train_private_denoiser(shard.train.x, shard.train.y, o, ctx.cfg.image_size, shard.info.num_classes,
                                    ctx.seed_for(1), ctx.device)
     if ctx.state is not None:
-        ctx.state[STATE_KEY] = ArrayRecord(model.state_dict())
+        ctx.state[P.STATE_PRIVATE] = ArrayRecord(model.state_dict())
     x_up, y_up = make_upload(shard.train.x, shard.train.y, o.clip, t0, ctx.seed_for(2))
-    return RecordDict({"upload": ArrayRecord({"x": x_up, "y": y_up}),
-                       "metrics": MetricRecord({"num-examples": len(y_up), "t0": t0})})
+    return RecordDict({P.UPLOAD_KEY: ArrayRecord({P.X: x_up, P.Y: y_up}),
+                       METRICS_KEY: MetricRecord({NUM_EXAMPLES_KEY: len(y_up), P.T0_METRIC: t0})})
 
 
 def handle_sample(msg: Message, ctx: ClientContext) -> RecordDict:
@@ -104,12 +106,12 @@ def handle_sample(msg: Message, ctx: ClientContext) -> RecordDict:
     o, shard = ctx.cfg.options, ctx.shard
     t0 = resolve_t0(o.t0, o.epsilon, o.clip, o.delta)
     shared = build_ddpm(ctx.cfg.image_size, shard.info.num_classes, flag=False, channels=o.channels)
-    shared.load_state_dict(msg.content.array_records["shared"].to_torch_state_dict())
+    shared.load_state_dict(msg.content.array_records[P.SHARED_KEY].to_torch_state_dict())
     private = _private_model(ctx)
     y = balanced_labels(o.samples, shard.info.num_classes)
     x = personalised_sample(shared.eval(), private, y, t0, o.sample_steps, ctx.seed_for(3))
     x_alone = private_only_sample(private, y, o.sample_steps, ctx.seed_for(3))
-    return RecordDict({"samples": ArrayRecord({"x": x, "y": y, "private_only": x_alone})})
+    return RecordDict({P.SAMPLES_KEY: ArrayRecord({P.X: x, P.Y: y, P.PRIVATE_ONLY: x_alone})})
 
 
-HANDLERS = {"train": handle_train, "query.sample": handle_sample}
+HANDLERS = {P.TRAIN.message_type: handle_train, P.SAMPLE.message_type: handle_sample}

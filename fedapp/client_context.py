@@ -28,15 +28,12 @@ class ClientContext:
     @cached_property
     def shard(self):
         """This client's train/test split: a pure function of the config and partition id."""
-        from feddata import load_client_shard
+        from fedapp.data import client_shard
 
-        cfg = self.cfg
-        return load_client_shard(cfg.dataset, cfg.partitioner, cfg.partitioner_params, cfg.seed,
-                                 self.partition_id, self.num_partitions, image_size=cfg.image_size)
+        return client_shard(self.cfg, self.partition_id, self.num_partitions)
 
     def seed_for(self, *salt: int) -> int:
         """A seed derived from the run seed, the partition id and a salt (e.g. the round)."""
-        import zlib
+        from fedapp.seeds import derive_seed
 
-        key = ",".join(str(s) for s in (self.cfg.seed, self.partition_id, *salt))
-        return zlib.crc32(key.encode()) & 0x7FFFFFFF
+        return derive_seed(self.cfg.seed, self.partition_id, *salt)

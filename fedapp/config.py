@@ -4,8 +4,8 @@ Flower hands the app a flat dict (`context.run_config`, keys like `num-server-ro
 `partitioner.alpha`, `espresso.clusters`). `parse_run_config` turns it into a `RunConfig`
 and raises one `ConfigError` line naming the key, the value and what is allowed.
 
-Method options live beside each method's strategy (a dataclass whose fields carry
-`opt(...)` metadata); the registry says which namespace belongs to which method.
+Method options live in each method's protocol module (fedapp/protocols/<m>.py: a dataclass whose
+fields carry `opt(...)` metadata, and its NAMESPACE); the registry says which protocol a method uses.
 """
 
 from __future__ import annotations
@@ -196,13 +196,16 @@ def normalize_keys(flat: Mapping[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def parse_run_config(flat: Mapping[str, Any]) -> RunConfig:
-    """Validate a flat run config (from pyproject/`--run-config` or `fedapp.simulate`)."""
+def parse_run_config(flat: Mapping[str, Any], methods: Mapping[str, Any] | None = None) -> RunConfig:
+    """Validate a flat run config (from pyproject/`--run-config` or `fedapp.simulate`).
+    `methods` is the method table (default: fedapp.registry.METHODS)."""
     from feddata import PARTITIONERS
 
     from fedapp import registry
 
+    methods = methods or registry.METHODS
     flat = normalize_keys(flat)
+    spaces_known = registry.namespaces(methods)
     common_keys = {key_of(n) for n in _field_types(CommonConfig)}
     common, part, spaces = {}, {}, {}
     for key, value in flat.items():
@@ -210,17 +213,17 @@ def parse_run_config(flat: Mapping[str, Any]) -> RunConfig:
             common[key] = value
         elif key.startswith("partitioner."):
             part[key[len("partitioner."):]] = value
-        elif "." in key and key.split(".", 1)[0] in registry.namespaces():
+        elif "." in key and key.split(".", 1)[0] in spaces_known:
             ns, sub = key.split(".", 1)
             spaces.setdefault(ns, {})[sub] = value
         else:
             allowed = ", ".join(sorted(common_keys)) + ", partitioner.*, " + ", ".join(
-                f"{ns}.*" for ns in sorted(registry.namespaces()))
+                f"{ns}.*" for ns in spaces_known)
             raise ConfigError(f"{key}={value!r}: unknown key; allowed: {allowed}")
 
     cc = build_options(CommonConfig, common)
-    if cc.method not in registry.METHODS:
-        raise ConfigError(f"method={cc.method!r}: must be one of {', '.join(registry.METHODS)}")
+    if cc.method not in methods:
+        raise ConfigError(f"method={cc.method!r}: must be one of {', '.join(methods)}")
     if cc.partitioner not in PARTITIONERS:
         raise ConfigError(f"{PARTITIONER_KEY}={cc.partitioner!r}: must be one of {', '.join(PARTITIONERS)}")
     _check_device(cc.device)
@@ -229,11 +232,12 @@ def parse_run_config(flat: Mapping[str, Any]) -> RunConfig:
     # Validate every namespace given (all are listed in pyproject), keep the chosen one.
     ns_values: dict[str, dict[str, Any]] = {}
     chosen = None
-    for ns in registry.namespaces():
-        cls = registry.options_class(ns)
+    chosen_ns = registry.namespace_of(cc.method, methods)
+    for ns in spaces_known:
+        cls = registry.options_class(ns, methods)
         obj = build_options(cls, spaces.get(ns, {}), prefix=f"{ns}.")
         ns_values[ns] = option_values(obj)
-        if ns == registry.METHODS[cc.method].namespace:
+        if ns == chosen_ns:
             chosen = obj
     return RunConfig(common=cc, partitioner_params=params, options=chosen,
                      namespace_values=ns_values)
@@ -251,23 +255,24 @@ def check_data(cfg: RunConfig, num_clients: int) -> None:
 
 
 # The default experiment (Espresso on digit-styles, one domain per client, 16 training images per
-# class per client, as the Espresso issue sets it) caps clients through the app's defaults; feddata's
-# own default stays "no cap", so loading data from Python is unchanged.
+# class per client) caps clients through the app's defaults; feddata's own default stays "no cap",
+# so loading data from Python is unchanged.
 DEFAULT_PARTITIONER_PARAMS = {"per-class": 16}
 
 
-def all_defaults() -> dict[str, Any]:
+def all_defaults(methods: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """Every key with its default: the `[tool.flwr.app.config]` block of pyproject.toml."""
     from feddata import PARTITIONER_PARAMS
 
     from fedapp import registry
 
+    methods = methods or registry.METHODS
     out = flat_defaults(CommonConfig)
     for spec in PARTITIONER_PARAMS.values():
         for key, (_, default) in spec.items():
             out.setdefault(f"partitioner.{key}", DEFAULT_PARTITIONER_PARAMS.get(key, default))
-    for ns in registry.namespaces():
-        out.update(flat_defaults(registry.options_class(ns), prefix=f"{ns}."))
+    for ns in registry.namespaces(methods):
+        out.update(flat_defaults(registry.options_class(ns, methods), prefix=f"{ns}."))
     return out
 
 

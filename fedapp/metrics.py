@@ -74,3 +74,11 @@ def mia_figures(member_scores: np.ndarray, nonmember_scores: np.ndarray) -> dict
     acc = float(np.max(0.5 * (tpr + 1 - fpr)))
     tpr_at = float(np.interp(0.01, fpr, tpr))
     return {"mia_auc": float(auc), "mia_attack_accuracy": acc, "mia_tpr_at_1fpr": tpr_at}
+
+
+def weighted_client_accuracy(acc: dict[int, dict[str, Any]]) -> dict[str, Any]:
+    """The clients' test accuracy weighted by their test-set sizes, and per client
+    (`acc`: partition id -> {accuracy, n}, as fedapp.protocols.classify.client_accuracies reads it)."""
+    n = sum(v["n"] for v in acc.values())
+    return {"client_accuracy": sum(v["accuracy"] * v["n"] for v in acc.values()) / max(n, 1),
+            "per_client_accuracy": {str(k): v["accuracy"] for k, v in sorted(acc.items())}}

@@ -1,68 +1,69 @@
-"""Method name -> (strategy, client handlers, options): the one place a method is added.
+"""Method name -> (protocol, strategy, client): the one place a method is added.
 
-Entries are import strings so that choosing `fedavg` never imports diffusers. A client
-module exposes `HANDLERS: dict[message_type, handler]`; a strategy module exposes the
-strategy class named here and, when the method has options, their dataclass.
+Entries are import strings so that choosing `fedavg` never imports diffusers. A protocol module
+(fedapp/protocols/<m>.py) exposes `PHASES` (its message exchanges) and, when the method has options,
+`NAMESPACE` and `OPTIONS` (a dataclass of `opt(...)` fields); a client module exposes
+`HANDLERS: {message_type: handler}`; the strategy is a class taking a `fedapp.server.ServerRun`.
+Nothing else in fedapp imports strategies/ or clients/: only this module, by name.
 """
 
 from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 
 @dataclass(frozen=True)
 class MethodSpec:
-    strategy: str            # "module:Class" of the server side
-    client: str              # module with HANDLERS
-    namespace: str | None    # config namespace of its options (`fedprox.mu`)
-    options: str | None      # "module:Class" of the options dataclass
-    actions: tuple[str, ...] = ("train", "evaluate")  # message types its clients handle
+    protocol: str  # module of the message protocol (options, phases, keys, validation)
+    strategy: str  # "module:Class" of the server side
+    client: str  # module with HANDLERS
     paper: str = ""
 
 
 METHODS: dict[str, MethodSpec] = {
-    "fedavg": MethodSpec("strategies.fedavg:FedAvgStrategy", "clients.classify", None, None,
+    "fedavg": MethodSpec("fedapp.protocols.classify", "strategies.fedavg:FedAvgStrategy", "clients.classify",
                          paper="McMahan et al., AISTATS 2017"),
-    "fedprox": MethodSpec("strategies.fedprox:FedProxStrategy", "clients.classify", "fedprox",
-                          "strategies.fedprox:FedProxOptions", paper="Li et al., MLSys 2020"),
-    "feddifrc": MethodSpec("strategies.feddifrc:FedDifRCStrategy", "clients.feddifrc", "feddifrc",
-                           "strategies.feddifrc:FedDifRCOptions", paper="Wang et al., ICCV 2025"),
-    "moon": MethodSpec("strategies.moon:MoonStrategy", "clients.moon", "moon", "strategies.moon:MoonOptions",
+    "fedprox": MethodSpec("fedapp.protocols.fedprox", "strategies.fedprox:FedProxStrategy", "clients.classify",
+                          paper="Li et al., MLSys 2020"),
+    "moon": MethodSpec("fedapp.protocols.moon", "strategies.moon:MoonStrategy", "clients.moon",
                        paper="Li, He & Song, CVPR 2021"),
-    "espresso": MethodSpec("strategies.espresso:EspressoStrategy", "clients.espresso", "espresso",
-                           "strategies.espresso:EspressoOptions", paper="Espresso, CVPR 2026"),
-    "prompts": MethodSpec("strategies.espresso:PromptsStrategy", "clients.espresso", "espresso",
-                          "strategies.espresso:EspressoOptions", paper="class prompt only (Espresso's baseline)"),
-    "class-embed": MethodSpec("strategies.espresso:ClassEmbedStrategy", "clients.espresso", "espresso",
-                              "strategies.espresso:EspressoOptions",
+    "feddifrc": MethodSpec("fedapp.protocols.feddifrc", "strategies.feddifrc:FedDifRCStrategy", "clients.feddifrc",
+                           paper="Wang et al., ICCV 2025"),
+    "centralized": MethodSpec("fedapp.protocols.classify", "strategies.centralized:CentralizedStrategy",
+                              "clients.classify", paper="oracle ceiling: classifier on the union of client data"),
+    "espresso": MethodSpec("fedapp.protocols.espresso", "strategies.espresso:EspressoStrategy", "clients.espresso",
+                           paper="Espresso, CVPR 2026"),
+    "prompts": MethodSpec("fedapp.protocols.espresso", "strategies.espresso:PromptsStrategy", "clients.espresso",
+                          paper="class prompt only (Espresso's baseline)"),
+    "class-embed": MethodSpec("fedapp.protocols.espresso", "strategies.espresso:ClassEmbedStrategy",
+                              "clients.espresso",
                               paper="one learned condition per class (FedDEO-like, Espresso's baseline)"),
-    "dcfm": MethodSpec("strategies.dcfm:DcfmStrategy", "clients.dcfm", "dcfm", "strategies.dcfm:DcfmOptions",
-                       actions=("train", "query.peer", "query.receive"),
-                       paper="Compositional Generative Modeling from Decentralized Data, ICML 2026"),
-    "fedflow": MethodSpec("strategies.fedflow:FedFlowStrategy", "clients.dcfm", "dcfm", "strategies.dcfm:DcfmOptions",
-                          actions=("train",), paper="FedAvg over one flow-matching model (DCFM's baseline)"),
-    "ddm": MethodSpec("strategies.fedflow:DdmStrategy", "clients.dcfm", "dcfm", "strategies.dcfm:DcfmOptions",
-                      actions=("train", "query.receive"),
-                      paper="local experts + a router (x_t, t) -> expert (DCFM's DDM baseline)"),
-    "local-only-flow": MethodSpec("strategies.fedflow:LocalOnlyFlowStrategy", "clients.dcfm", "dcfm",
-                                  "strategies.dcfm:DcfmOptions", actions=("train",),
-                                  paper="each client's flow expert alone (DCFM's local-only baseline)"),
-    "centralized": MethodSpec("strategies.centralized:CentralizedStrategy", "clients.classify", None, None,
-                              actions=("evaluate",), paper="oracle ceiling: classifier on the union of client data"),
-    "pfdm": MethodSpec("strategies.pfdm:PFDMStrategy", "clients.pfdm", "pfdm", "strategies.pfdm:PFDMOptions",
-                       actions=("train", "query.sample"), paper="PFDM, CVPR 2026"),
-    "local-only": MethodSpec("strategies.ddpm_baselines:LocalOnlyStrategy", "clients.ddpm_baselines", "pfdm",
-                             "strategies.pfdm:PFDMOptions", actions=("query.sample",),
-                             paper="non-collaborative DDPM per client (PFDM's baseline)"),
-    "fedavg-ddpm": MethodSpec("strategies.ddpm_baselines:FedAvgDDPMStrategy", "clients.ddpm_baselines", "pfdm",
-                              "strategies.pfdm:PFDMOptions", actions=("train",),
+    "pfdm": MethodSpec("fedapp.protocols.pfdm", "strategies.pfdm:PFDMStrategy", "clients.pfdm",
+                       paper="PFDM, CVPR 2026"),
+    "local-only": MethodSpec("fedapp.protocols.pfdm", "strategies.ddpm_baselines:LocalOnlyStrategy",
+                             "clients.ddpm_baselines", paper="non-collaborative DDPM per client (PFDM's baseline)"),
+    "fedavg-ddpm": MethodSpec("fedapp.protocols.pfdm", "strategies.ddpm_baselines:FedAvgDDPMStrategy",
+                              "clients.ddpm_baselines",
                               paper="FedAvg over a DDPM, not private (FedDM-like, PFDM's baseline)"),
-    "centralized-ddpm": MethodSpec("strategies.ddpm_baselines:CentralizedDDPMStrategy", "clients.ddpm_baselines",
-                                   "pfdm", "strategies.pfdm:PFDMOptions", actions=(),
+    "centralized-ddpm": MethodSpec("fedapp.protocols.pfdm", "strategies.ddpm_baselines:CentralizedDDPMStrategy",
+                                   "clients.ddpm_baselines",
                                    paper="oracle: one DDPM on the union of client data (PFDM's baseline)"),
+    "dcfm": MethodSpec("fedapp.protocols.dcfm", "strategies.dcfm:DcfmStrategy", "clients.dcfm",
+                       paper="Compositional Generative Modeling from Decentralized Data, ICML 2026"),
+    "fedflow": MethodSpec("fedapp.protocols.dcfm", "strategies.fedflow:FedFlowStrategy", "clients.dcfm",
+                          paper="FedAvg over one flow-matching model (DCFM's baseline)"),
+    "ddm": MethodSpec("fedapp.protocols.dcfm", "strategies.fedflow:DdmStrategy", "clients.dcfm",
+                      paper="local experts + a router (x_t, t) -> expert (DCFM's DDM baseline)"),
+    "local-only-flow": MethodSpec("fedapp.protocols.dcfm", "strategies.fedflow:LocalOnlyFlowStrategy",
+                                  "clients.dcfm", paper="each client's flow expert alone (DCFM's local-only baseline)"),
 }
+
+
+def register(name: str, spec: MethodSpec) -> None:
+    """Add a method (e.g. from a test or a notebook); `fedapp.simulate` carries it to the clients."""
+    METHODS[name] = spec
 
 
 def _load(path: str) -> Any:
@@ -71,23 +72,32 @@ def _load(path: str) -> Any:
     return getattr(mod, name) if name else mod
 
 
-def namespaces() -> list[str]:
-    return sorted({s.namespace for s in METHODS.values() if s.namespace})
+def protocol(method: str, methods: Mapping[str, MethodSpec] | None = None) -> Any:
+    return _load((methods or METHODS)[method].protocol)
 
 
-def options_class(namespace: str) -> type:
-    spec = next(s for s in METHODS.values() if s.namespace == namespace)
-    return _load(spec.options)
+def namespace_of(method: str, methods: Mapping[str, MethodSpec] | None = None) -> str | None:
+    return getattr(protocol(method, methods), "NAMESPACE", None)
 
 
-def strategy_class(method: str) -> type:
-    return _load(METHODS[method].strategy)
+def namespaces(methods: Mapping[str, MethodSpec] | None = None) -> list[str]:
+    return sorted({ns for m in (methods or METHODS) if (ns := namespace_of(m, methods))})
 
 
-def client_handlers(method: str) -> dict:
-    return _load(METHODS[method].client).HANDLERS
+def options_class(namespace: str, methods: Mapping[str, MethodSpec] | None = None) -> type:
+    methods = methods or METHODS
+    return next(protocol(m, methods).OPTIONS for m in methods if namespace_of(m, methods) == namespace)
 
 
-def message_types() -> list[str]:
-    """Every message type some method uses (the ClientApp registers each)."""
-    return sorted({t for spec in METHODS.values() for t in spec.actions})
+def strategy_class(method: str, methods: Mapping[str, MethodSpec] | None = None) -> type:
+    return _load((methods or METHODS)[method].strategy)
+
+
+def client_handlers(method: str, methods: Mapping[str, MethodSpec] | None = None) -> dict:
+    return _load((methods or METHODS)[method].client).HANDLERS
+
+
+def message_types(methods: Mapping[str, MethodSpec] | None = None) -> list[str]:
+    """Every message type some registered protocol uses (the ClientApp registers each)."""
+    methods = methods or METHODS
+    return sorted({p.message_type for m in methods for p in protocol(m, methods).PHASES})

@@ -13,6 +13,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedapp import registry
 from fedapp.config import check_data, parse_run_config
 from fedapp.results import RunDir
+from fedapp.server import MeteredGrid, ServerRun, wait_for_nodes
 
 log = logging.getLogger("fedapp")
 app = ServerApp()
@@ -29,8 +30,6 @@ def _setup_logging() -> None:
 
 def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
     """Validate the config, run the chosen strategy, write the run folder; return the summary."""
-    from strategies.base import MeteredGrid, ServerRun, wait_for_nodes
-
     _setup_logging()
     cfg = parse_run_config(flat_config)  # a user error stops here, before any client work
     out = RunDir(Path(cfg.out_dir) / cfg.resolved_run_name)
@@ -59,7 +58,7 @@ def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
         summary["phase_seconds"] = {k: round(v, 3) for k, v in run.phase_seconds.items()}
         summary["comm"] = run.comm()
         summary["failures"] = run.failures
-        if getattr(strategy, "privacy", None):
+        if strategy.privacy:
             summary["privacy"] = strategy.privacy
         out.write_json("comm.json", {"totals": summary["comm"], "by_phase": run.ledger.as_dict()["by_phase"]})
         out.write_json("summary.json", summary)

@@ -1,15 +1,23 @@
-"""Python API: run a Ray simulation of a run config and return its summary."""
+"""Python API: run a run config and return its summary.
+
+`simulate` runs it with Flower's Ray simulation engine (what `flwr run` does). `simulate_in_process`
+runs the same server (`fedapp.server_app.run_server`: strategy, Flower's round loop, validation,
+metering) on an `InProcessGrid`, which hands each message to the ClientApp's handler in this process:
+no Ray start-up, one client after another, and a `ReplyCache` may reuse client replies across the
+runs of an experiment's grid. Tests, experiments and benchmarks share these two.
+"""
 
 from __future__ import annotations
 
+import copy
+import hashlib
 import json
+import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any, Mapping
-
-import os
-import sys
 
 from fedapp.config import all_defaults, check_data, normalize_keys, parse_run_config
 
@@ -22,6 +30,24 @@ def _keep_ray_on_loopback() -> None:
         sys.modules["ray._private.ray_constants"].ENABLE_RAY_CLUSTER = False
 
 
+def resolve_run_config(run_config: Mapping[str, Any], num_clients: int) -> tuple[dict[str, Any], Path]:
+    """The flat config a run executes (defaults filled in, keys normalised, run-name resolved) and its
+    run folder. User errors (bad key or value, too little data for `num_clients`) raise here, before
+    anything starts."""
+    flat = {**all_defaults(), **normalize_keys(run_config)}
+    cfg = parse_run_config(flat)
+    check_data(cfg, num_clients)
+    flat["run-name"] = cfg.resolved_run_name
+    return flat, Path(cfg.out_dir) / flat["run-name"]
+
+
+def _read_summary(run_dir: Path) -> dict[str, Any]:
+    summary_path = run_dir / "summary.json"
+    if not summary_path.exists():
+        raise RuntimeError(f"the simulation ended without writing {summary_path}; see the log above")
+    return json.loads(summary_path.read_text())
+
+
 def simulate(run_config: Mapping[str, Any], num_clients: int, backend: dict | None = None,
              client_mods: list | None = None) -> dict[str, Any]:
     """Run `run_config` (flat keys, as in pyproject.toml; missing keys take their defaults)
@@ -29,20 +55,18 @@ def simulate(run_config: Mapping[str, Any], num_clients: int, backend: dict | No
 
     `backend` is Flower's backend config, e.g. {"client_resources": {"num_cpus": 1,
     "num_gpus": 0.25}}; Ray binds to 127.0.0.1 and keeps its files in a temp dir.
-    `client_mods` are Flower client mods (tests use one to inject failures).
+    `client_mods` are Flower client mods (tests use one to inject failures). Methods added with
+    `fedapp.registry.register` travel with the ClientApp into Ray's actors.
     """
     _keep_ray_on_loopback()
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
+    from fedapp import registry
     from fedapp.client_app import make_client_app
     from fedapp.server_app import run_server
 
-    flat = {**all_defaults(), **normalize_keys(run_config)}
-    cfg = parse_run_config(flat)  # user errors surface here, before Ray starts
-    check_data(cfg, num_clients)
-    flat["run-name"] = cfg.resolved_run_name
-    run_dir = Path(cfg.out_dir) / flat["run-name"]
+    flat, run_dir = resolve_run_config(run_config, num_clients)  # user errors surface here, before Ray starts
 
     server = ServerApp()
 
@@ -61,12 +85,174 @@ def simulate(run_config: Mapping[str, Any], num_clients: int, backend: dict | No
     backend["init_args"] = init_args
     backend.setdefault("client_resources", {"num_cpus": 1, "num_gpus": 0.0})
     try:
-        run_simulation(server_app=server, client_app=make_client_app(client_mods),
+        run_simulation(server_app=server, client_app=make_client_app(client_mods, registry.METHODS),
                        num_supernodes=num_clients, backend_config=backend)
     finally:
         if ray_tmp:  # Ray has shut down: its session files are no longer needed
             shutil.rmtree(ray_tmp, ignore_errors=True)
-    summary_path = run_dir / "summary.json"
-    if not summary_path.exists():
-        raise RuntimeError(f"the simulation ended without writing {summary_path}; see the log above")
-    return json.loads(summary_path.read_text())
+    return _read_summary(run_dir)
+
+
+# ---- in process -----------------------------------------------------------------------------------
+def _feed(h: Any, value: Any) -> None:
+    """Hash a record value; bytes (a shipped prior) directly, not through repr."""
+    if isinstance(value, (bytes, bytearray)):
+        h.update(b"b%d:" % len(value))
+        h.update(value)
+    elif isinstance(value, list):
+        h.update(b"l%d:" % len(value))
+        for v in value:
+            _feed(h, v)
+    else:
+        h.update(repr(value).encode())
+    h.update(b";")
+
+
+def _feed_records(h: Any, records: Mapping[str, Any], skip: frozenset = frozenset()) -> None:
+    from flwr.app import ArrayRecord
+
+    for name in sorted(records):
+        rec = records[name]
+        h.update(f"[{type(rec).__name__} {name}]".encode())
+        if isinstance(rec, ArrayRecord):
+            for k, a in rec.items():
+                _feed(h, (k, a.dtype, tuple(a.shape), a.stype))
+                _feed(h, a.data)
+        else:
+            for k in sorted(rec):
+                if k not in skip:
+                    _feed(h, k)
+                    _feed(h, rec[k])
+
+
+class ReplyCache:
+    """Client replies kept across the runs of an experiment's grid, so that runs which send the
+    clients the same work get it done once.
+
+    A client is a deterministic function of its message, its partition and its node's state (every
+    draw comes from the run seed and the partition id), so a message it has answered before gets the
+    reply it gave then. The key: the message type, the partition id, the run config record (RUN_KEY)
+    less the keys only the server reads (the method's protocol may list them as SERVER_ONLY_KEYS; the
+    round, ROUND_KEY, stays), a digest of every other record of the message, and a digest of the
+    node's state before the call. A hit returns a copy of the reply and sets the node's state to what
+    the call left, so later rounds of a stateful client stay exact. Error replies are not kept.
+
+    Not exact where a client draws from the OS (PFDM's DP noise): a hit replays the first draw.
+    """
+
+    def __init__(self) -> None:
+        self._entries: dict[str, tuple[Any, Any]] = {}  # key -> (reply content, node state after)
+        self.hits = 0
+        self.misses = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def key(self, msg: Any, partition_id: int, state: Any, methods: Mapping[str, Any] | None = None) -> str | None:
+        """The cache key of `msg` to this partition; None when the message names no known method (the
+        handler then answers with its error, uncached)."""
+        from fedapp import registry
+        from fedapp.protocols import RUN_KEY
+
+        run = msg.content.config_records.get(RUN_KEY)
+        method = run.get("method") if run is not None else None
+        if method not in (methods or registry.METHODS):
+            return None
+        skip = frozenset(getattr(registry.protocol(method, methods), "SERVER_ONLY_KEYS", ()))
+        h = hashlib.sha256()
+        _feed(h, (msg.metadata.message_type, int(partition_id)))
+        _feed_records(h, {RUN_KEY: run}, skip)
+        _feed_records(h, {k: v for k, v in msg.content.items() if k != RUN_KEY})
+        h.update(b"|state|")
+        _feed_records(h, dict(state.items()) if state is not None else {})
+        return h.hexdigest()
+
+    def get(self, key: str) -> tuple[Any, Any] | None:
+        """(reply content, node state after the call), copied; None on a miss. Counts hits and misses."""
+        entry = self._entries.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        return copy.deepcopy(entry)
+
+    def put(self, key: str, content: Any, state_after: Any) -> None:
+        self._entries[key] = copy.deepcopy((content, state_after))
+
+    def replies(self) -> list[Any]:
+        """Copies of the kept reply contents, in the order they were first answered."""
+        return [copy.deepcopy(content) for content, _ in self._entries.values()]
+
+
+class InProcessGrid:
+    """The part of Flower's Grid that fedapp's server uses (get_node_ids, send_and_receive), serving
+    each message in this process with a `fedapp.client_app.Dispatcher` (the ClientApp's handler) on a
+    per-node Flower Context whose state persists across rounds. A handler's exception becomes an
+    error reply, as Flower's ClientApp sends one. Node ids are 1000 + partition id.
+
+    `methods`: the method table (default: fedapp.registry.METHODS). `reply_cache`: a ReplyCache shared
+    with other grids (other runs) whose replies this one may reuse."""
+
+    FIRST_NODE_ID = 1000
+
+    def __init__(self, num_nodes: int, methods: Mapping[str, Any] | None = None,
+                 reply_cache: ReplyCache | None = None):
+        from flwr.app import Context, RecordDict
+        from flwr.common.constant import SUPERLINK_NODE_ID
+        from flwr.supercore.task_identity import TaskIdentity
+
+        from fedapp.client_app import Dispatcher
+
+        if TaskIdentity._run_id is None:  # what Flower's ServerApp runtime sets before a ServerApp runs
+            TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 0, SUPERLINK_NODE_ID
+        self.dispatch = Dispatcher(methods)
+        self.reply_cache = reply_cache
+        self.nodes = {self.FIRST_NODE_ID + i: Context(
+            run_id=0, node_id=self.FIRST_NODE_ID + i, node_config={"partition-id": i, "num-partitions": num_nodes},
+            state=RecordDict(), run_config={}) for i in range(num_nodes)}
+
+    def get_node_ids(self) -> list[int]:
+        return list(self.nodes)
+
+    def send_and_receive(self, messages, *, timeout: float | None = None) -> list:
+        # node order, not Flower's random.sample order: the float sum of an aggregation then does not
+        # depend on the order, and a run is reproducible (non-IID FedAvg amplifies the last-bit noise)
+        return [self.deliver(m) for m in sorted(messages, key=lambda m: m.metadata.dst_node_id)]
+
+    def deliver(self, msg):
+        """One message to its node: the cached reply, or the handler's (an error reply if it raises)."""
+        from flwr.app import Error, Message
+        from flwr.common.constant import ErrorCode
+
+        context = self.nodes[msg.metadata.dst_node_id]
+        key = None
+        if self.reply_cache is not None:
+            key = self.reply_cache.key(msg, context.node_config["partition-id"], context.state,
+                                       self.dispatch.methods)
+            hit = self.reply_cache.get(key) if key is not None else None
+            if hit is not None:
+                content, state = hit
+                context.state.clear()
+                for name, record in state.items():
+                    context.state[name] = record
+                return Message(content, reply_to=msg)
+        try:
+            reply = self.dispatch(msg, context)
+        except Exception as err:  # noqa: BLE001 - the server records it like a remote failure
+            return Message(Error(code=ErrorCode.CLIENT_APP_RAISED_EXCEPTION, reason=f"{type(err).__name__}: {err}"),
+                           reply_to=msg)
+        if key is not None:
+            self.reply_cache.put(key, reply.content, context.state)
+        return reply
+
+
+def simulate_in_process(run_config: Mapping[str, Any], num_clients: int,
+                        reply_cache: ReplyCache | None = None) -> dict[str, Any]:
+    """Run `run_config` like `simulate` (same defaults and checks before anything runs, same run
+    folder, summary.json returned) with the clients served in this process by an InProcessGrid.
+    A strategy's exception propagates (after summary.json records it)."""
+    from fedapp.server_app import run_server
+
+    flat, run_dir = resolve_run_config(run_config, num_clients)
+    run_server(InProcessGrid(num_clients, reply_cache=reply_cache), flat)
+    return _read_summary(run_dir)

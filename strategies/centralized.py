@@ -1,12 +1,11 @@
 """`centralized`: the ceiling of the one-shot methods -- a classifier trained on the union of the
 clients' real training data.
 
-ORACLE, NOT A FEDERATED PROTOCOL: the server loads every client's shard itself with
-feddata.load_client_shard (possible only because a shard is a pure function of the config and the
-partition id). This breaks the FL protocol on purpose -- no client uploads anything; it is the
-"Ceiling" row of Espresso's tables, not a method. The classifier, its training
-(train_global_classifier, `server-epochs`) and the evaluation (global test set per domain, plus
-each client's real test split through an `evaluate` message) are Espresso's, so the numbers compare.
+ORACLE, NOT A FEDERATED PROTOCOL: the server derives every client's shard itself
+(fedapp.data.all_client_shards; possible only because a shard is a pure function of the config and
+the partition id). No client uploads anything; it is the "Ceiling" row of Espresso's tables. The
+classifier, its training (`server-epochs`) and the evaluation (global test set per domain, plus each
+client's real test split through the evaluate phase) are Espresso's, so the numbers compare.
 """
 
 from __future__ import annotations
@@ -17,22 +16,16 @@ from typing import Any
 
 import torch
 
-from strategies.espresso import OneShotStrategy, train_global_classifier
+from fedapp.data import all_client_shards
+from strategies.oneshot import OneShotStrategy, train_global_classifier
 
 log = logging.getLogger("fedapp")
 
 
 def union_of_client_shards(cfg, num_partitions: int) -> tuple[torch.Tensor, torch.Tensor]:
     """ORACLE: every client's real training split, concatenated (x, y)."""
-    from feddata import load_client_shard
-
-    xs, ys = [], []
-    for pid in range(num_partitions):
-        shard = load_client_shard(cfg.dataset, cfg.partitioner, cfg.partitioner_params, cfg.seed, pid,
-                                  num_partitions, image_size=cfg.image_size)
-        xs.append(shard.train.x)
-        ys.append(shard.train.y)
-    return torch.cat(xs), torch.cat(ys)
+    shards = all_client_shards(cfg, num_partitions)
+    return torch.cat([s.train.x for s in shards]), torch.cat([s.train.y for s in shards])
 
 
 class CentralizedStrategy(OneShotStrategy):
@@ -46,7 +39,7 @@ class CentralizedStrategy(OneShotStrategy):
         model = train_global_classifier(cfg.model, x, y, server.info.num_classes, epochs=cfg.server_epochs,
                                         seed=cfg.seed, device=run.device)
         run.phase_seconds["classifier"] = time.time() - t0
-        metrics = self.evaluate_classifier(grid, model, server)
+        metrics = self.evaluate_classifier(grid, model, server, nodes)
         metrics.update({"oracle": True, "num_train": len(x)})
         run.out.log_metrics({"phase": "final", **metrics})
         return metrics

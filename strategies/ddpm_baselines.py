@@ -1,4 +1,5 @@
-"""PFDM's generation baselines, scored exactly like pfdm (strategies/pfdm.py: GenerationEval).
+"""PFDM's generation baselines, scored exactly like pfdm
+(strategies/generation_eval.py: GenerationEval). Protocol: fedapp/protocols/pfdm.py.
 
 - `local-only`: every client trains a DDPM on its own data and nothing else (non-collaborative).
   Releases no model, so there is no membership-inference target: mia_* are null.
@@ -16,12 +17,16 @@ import time
 from typing import Any, Iterable
 
 import torch
-from flwr.app import ArrayRecord, Message, RecordDict
+from flwr.app import ArrayRecord, Message
 from flwr.serverapp.strategy import FedAvg
 
+from fedapp.data import all_client_shards
 from fedapp.models.ddpm import build_ddpm, train_ddpm
-from strategies.base import FedappStrategy, check_arrays, keep_valid, make_messages, partition_of
-from strategies.pfdm import GenerationEval, arrays_of, load_partitions, memorisation, sample_model
+from fedapp.protocols import ARRAYS_KEY, NUM_EXAMPLES_KEY, RUN_KEY
+from fedapp.protocols import pfdm as P
+from fedapp.protocols.records import partition_of, tensors_of
+from fedapp.server import FedappStrategy, PhasedStrategy, keep_valid
+from strategies.generation_eval import GenerationEval, memorisation, sample_model
 
 log = logging.getLogger("fedapp")
 
@@ -35,28 +40,25 @@ def score_released_model(run, ev: GenerationEval, model, num_partitions: int, na
     x, y = sample_model(model, o.samples, ev.num_classes, o.sample_steps, cfg.seed + 3)
     ev.save_grid(x, y, f"{name}.png")
     metrics = ev.per_client({0: (x, y)})
-    shards = load_partitions(cfg, num_partitions)  # EVALUATION ORACLE
+    shards = all_client_shards(cfg, num_partitions)  # EVALUATION ORACLE
     metrics.update(ev.mia_clean(model, shards[0].train.x, shards[0].train.y))
     metrics.update({f"shared_{k}": v for k, v in memorisation(x, torch.cat([s.train.x for s in shards])).items()})
     metrics["reference_accuracy"] = ev.ref_accuracy
     return metrics
 
 
-class LocalOnlyStrategy(FedappStrategy):
-    def __init__(self, run):
-        self.bind(run)
+class LocalOnlyStrategy(PhasedStrategy):
+    phases = (P.LOCAL_SAMPLE,)
 
     def execute(self, grid) -> dict[str, Any]:
-        cfg, run = self.run.cfg, self.run
+        run = self.run
         nodes = sorted(grid.get_node_ids())
         ev = GenerationEval(run, len(nodes))
-        msgs = make_messages(grid, nodes, "query.sample", lambda n: RecordDict({"config": self.run_config_record()}))
-        got = keep_valid(run, grid.send_and_receive(msgs, timeout=cfg.round_timeout), "query.sample",
-                         lambda c: check_arrays(c.array_records.get("samples")))
-        samples = {partition_of(r): arrays_of(r, "samples") for r in got}
+        got = self.exchange(grid, P.LOCAL_SAMPLE, nodes, validate=lambda c: P.validate_samples(c, ev.shape))
+        samples = {partition_of(r): tensors_of(r.content.array_records[P.SAMPLES_KEY]) for r in got}
         for p, s in samples.items():
-            ev.save_grid(s["x"], s["y"], f"local_only_client{p}.png")
-        metrics = ev.per_client({p: (s["x"], s["y"]) for p, s in samples.items()})
+            ev.save_grid(s[P.X], s[P.Y], f"local_only_client{p}.png")
+        metrics = ev.per_client({p: (s[P.X], s[P.Y]) for p, s in samples.items()})
         metrics.update(NO_MIA)
         metrics["reference_accuracy"] = ev.ref_accuracy
         run.out.log_metrics({"phase": "final", **metrics})
@@ -66,14 +68,15 @@ class LocalOnlyStrategy(FedappStrategy):
 class FedAvgDDPMStrategy(FedappStrategy, FedAvg):
     def __init__(self, run):
         n = run.cfg.min_clients
-        super().__init__(fraction_evaluate=0.0, min_train_nodes=n, min_evaluate_nodes=0, min_available_nodes=n)
+        super().__init__(fraction_evaluate=0.0, min_train_nodes=n, min_evaluate_nodes=0, min_available_nodes=n,
+                         weighted_by_key=NUM_EXAMPLES_KEY, arrayrecord_key=ARRAYS_KEY, configrecord_key=RUN_KEY)
         self.bind(run)
         self._expected: dict[str, tuple] = {}
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         max_bytes = self.run.cfg.max_upload_mb * 2**20
-        valid = keep_valid(self.run, replies, "train",
-                           lambda c: check_arrays(c.array_records.get("arrays"), self._expected, max_bytes))
+        valid = keep_valid(self.run, replies, P.FEDAVG_TRAIN,
+                           lambda c: P.validate_fedavg_train(c, self._expected, max_bytes))
         return super().aggregate_train(server_round, valid)
 
     def execute(self, grid) -> dict[str, Any]:
@@ -94,16 +97,15 @@ class FedAvgDDPMStrategy(FedappStrategy, FedAvg):
         return metrics
 
 
-class CentralizedDDPMStrategy(FedappStrategy):
-    def __init__(self, run):
-        self.bind(run)
+class CentralizedDDPMStrategy(PhasedStrategy):
+    phases = ()  # an oracle: no exchange with the clients
 
     def execute(self, grid) -> dict[str, Any]:
         cfg, o, run = self.run.cfg, self.run.cfg.options, self.run
         nodes = sorted(grid.get_node_ids())
         log.warning("centralized-ddpm: an ORACLE; the server reads all %d clients' real data", len(nodes))
         ev = GenerationEval(run, len(nodes))
-        shards = load_partitions(cfg, len(nodes))
+        shards = all_client_shards(cfg, len(nodes))
         x = torch.cat([s.train.x for s in shards])
         y = torch.cat([s.train.y for s in shards])
         t = time.time()

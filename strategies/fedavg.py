@@ -1,9 +1,10 @@
 """FedAvg (McMahan et al., 2017) on Flower's own FedAvg round loop.
 
-What fedapp adds: uploads are validated against the global model's keys and shapes
-(non-finite or mis-shaped ones are dropped with a reason), bytes are metered by the grid,
-the global test set is evaluated after every round, and each client's test accuracy
-is kept for the summary. Aggregation is Flower's sample-weighted average.
+Protocol: fedapp/protocols/classify.py (train: weights down, weights + num-examples up; evaluate:
+weights down, accuracy up). What fedapp adds to Flower's loop: every upload passes the validation
+gate against the global model's keys and shapes before Flower averages it, bytes are metered by the
+grid, the global test set is evaluated after every round, and each client's test accuracy is kept
+for the summary.
 """
 
 from __future__ import annotations
@@ -15,9 +16,11 @@ import torch
 from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.serverapp.strategy import FedAvg
 
+from fedapp.metrics import accuracy_by_group, weighted_client_accuracy
 from fedapp.models.classifier import build_classifier
-from fedapp.metrics import accuracy_by_group
-from strategies.base import CLIENT_KEY, FedappStrategy, ServerRun, check_arrays, keep_valid
+from fedapp.protocols import ACCURACY_KEY, ARRAYS_KEY, NUM_EXAMPLES_KEY, RUN_KEY
+from fedapp.protocols import classify as P
+from fedapp.server import FedappStrategy, ServerRun, keep_valid
 
 log = logging.getLogger("fedapp")
 
@@ -25,39 +28,28 @@ log = logging.getLogger("fedapp")
 class FedAvgStrategy(FedappStrategy, FedAvg):
     def __init__(self, run: ServerRun, **kwargs: Any):
         n = run.cfg.min_clients
-        super().__init__(min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n, **kwargs)
+        super().__init__(min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n,
+                         weighted_by_key=NUM_EXAMPLES_KEY, arrayrecord_key=ARRAYS_KEY, configrecord_key=RUN_KEY,
+                         **kwargs)
         self.bind(run)
-        self._server = None
         self._expected: dict[str, tuple] = {}
         self._client_acc: dict[int, dict[str, Any]] = {}
 
     # -- Flower hooks -------------------------------------------------------------------
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         max_bytes = self.run.cfg.max_upload_mb * 2**20
-        valid = keep_valid(self.run, replies, "train", lambda c: check_arrays(
-            c.array_records.get("arrays"), self._expected, max_bytes))
+        valid = keep_valid(self.run, replies, P.TRAIN, lambda c: P.validate_train(c, self._expected, max_bytes))
+        self.on_valid_train(valid)
         return super().aggregate_train(server_round, valid)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
-        replies = [r for r in replies if not r.has_error()]
-        self._client_acc = {}
-        for r in replies:
-            client = r.content.config_records.get(CLIENT_KEY, {})
-            m = r.content.metric_records["metrics"]
-            self._client_acc[int(client.get("partition-id", -1))] = {
-                "accuracy": float(m["accuracy"]), "n": int(m["num-examples"]),
-                "domain": client.get("domain")}
+        replies = keep_valid(self.run, replies, P.EVALUATE, P.validate_evaluate)
+        self._client_acc = P.client_accuracies(replies)
         return super().aggregate_evaluate(server_round, replies)
 
     # -- fedapp -------------------------------------------------------------------------
-    def server_data(self):
-        if self._server is None:
-            from feddata import load_server_data
-
-            cfg = self.run.cfg
-            self._server = load_server_data(cfg.dataset, cfg.partitioner, cfg.partitioner_params,
-                                            cfg.seed, max(cfg.min_clients, 1), image_size=cfg.image_size)
-        return self._server
+    def on_valid_train(self, replies: list[Message]) -> None:
+        """Called with each round's validated train replies before Flower averages them."""
 
     def build_model(self) -> torch.nn.Module:
         """The global model (methods with a projection head override this)."""
@@ -70,12 +62,10 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
         metrics = accuracy_by_group(model, server.test, server.info, device=self.run.device)
         row: dict[str, Any] = {"round": server_round, **metrics}
         if self._client_acc and server_round > 0:
-            n = sum(v["n"] for v in self._client_acc.values())
-            row["client_accuracy"] = sum(v["accuracy"] * v["n"] for v in self._client_acc.values()) / max(n, 1)
-            row["per_client_accuracy"] = {str(k): v["accuracy"] for k, v in sorted(self._client_acc.items())}
+            row.update(weighted_client_accuracy(self._client_acc))
         self.run.out.log_metrics(row)
         log.info("[round %d] global test accuracy %.4f", server_round, metrics["accuracy"])
-        return MetricRecord({"accuracy": metrics["accuracy"]})
+        return MetricRecord({ACCURACY_KEY: metrics["accuracy"]})
 
     def execute(self, grid) -> dict[str, Any]:
         cfg = self.run.cfg
@@ -89,3 +79,4 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
         last = self.run.out.metrics[-1]
         self.run.out.plot_accuracy()
         return {k: v for k, v in last.items() if k != "round"}
+

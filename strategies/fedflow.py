@@ -1,7 +1,9 @@
-"""DCFM's baselines on the same velocity net, data, evaluation and metering (strategies/dcfm.py):
+"""DCFM's baselines on the same velocity net, data, evaluation and metering (strategies/flow.py) and the
+same protocol (fedapp/protocols/dcfm.py):
 
-- `fedflow`: FedAvg over one flow-matching model (masked L_FM, no CI penalty), `num-server-rounds` rounds
-  of `dcfm.fl-local-steps` local steps; sampled with the joint label v(x_t, y). 2T model transfers.
+- `fedflow`: FedAvg over one flow-matching model (masked L_FM, no CI penalty) on Flower's own round loop,
+  `num-server-rounds` rounds of `dcfm.fl-local-steps` local steps; sampled with the joint label v(x_t, y).
+  2T model transfers.
 - `ddm`: local experts (masked L_FM, no CI) plus a router (x_t, t) -> expert trained on the server from
   the experts' own synthetic paths; velocity sum_a softmax(router(x_t, t))_a v^(a)(x_t, y). Each client
   gets the N - 1 peer experts and the router back: N model transfers (+ the small router).
@@ -12,46 +14,70 @@
 
 from __future__ import annotations
 
-import time
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from torch import nn
 from torch.nn import functional as F
 
-from fedapp.models.compose import PHASE_KEY, joint_field
+from fedapp.models.compose import joint_field
 from fedapp.models.flow import euler, sample_path
-from strategies.base import RUN_KEY
-from strategies.dcfm import FlowStrategy, tensors
+from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY, RUN_KEY
+from fedapp.protocols import dcfm as P
+from fedapp.server import FedappStrategy, ServerRun, keep_valid
+from strategies.flow import FlowEvaluation, FlowStrategy, FlowTask, timed
 
 
-class FedFlowStrategy(FlowStrategy):
-    name = "fedflow"
+class FedFlowStrategy(FedappStrategy, FedAvg):
+    """FedAvg over one velocity net on Flower's own round loop; the shared evaluation at the end."""
 
-    def sampler(self, y: torch.Tensor, part: int) -> Callable:
-        return joint_field(self.global_model, y)
+    def __init__(self, run: ServerRun):
+        n = run.cfg.min_clients
+        # no evaluate round: the global model is scored once, on the server, after the last round
+        super().__init__(fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n,
+                         weighted_by_key=NUM_EXAMPLES_KEY, arrayrecord_key=ARRAYS_KEY, configrecord_key=RUN_KEY)
+        self.bind(run)
+        self.uploads = 0  # valid uploads of the last round: the summary's num_experts
 
+    # -- Flower hooks -------------------------------------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config: ConfigRecord,
+                        grid) -> Iterable[Message]:
+        """Flower's messages (the global model, the run config with the round) plus the phase record:
+        lambda = 0 (plain masked L_FM) and dcfm.fl-local-steps local steps."""
+        messages = list(super().configure_train(server_round, arrays, config, grid))
+        phase = P.phase_record(0.0, steps=self.run.cfg.options.fl_local_steps)
+        for m in messages:
+            m.content[P.PHASE_KEY] = phase
+        return messages
+
+    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        """Flower's num-examples-weighted mean of the valid uploads' experts.
+
+        A reply carries the expert and its pair counts (the train phase's schema, checked by
+        validate_expert); Flower averages every ArrayRecord of a reply and expects exactly one, so only
+        the expert and the metrics go to its aggregation."""
+        kept = keep_valid(self.run, replies, P.TRAIN, self.task.validate)
+        self.uploads = len(kept)
+        models = [RecordDict({self.arrayrecord_key: r.content.array_records[P.EXPERT_KEY],
+                              METRICS_KEY: r.content.metric_records[METRICS_KEY]}) for r in kept]
+        return (aggregate_arrayrecords(models, self.weighted_by_key),
+                self.train_metrics_aggr_fn(models, self.weighted_by_key))
+
+    # -- fedapp -------------------------------------------------------------------------
     def execute(self, grid) -> dict[str, Any]:
-        nodes = self.setup(grid)
-        model = self.new_model()
-        t0 = time.time()
-        for rnd in range(1, self.run.cfg.num_server_rounds + 1):
-            rec = ArrayRecord({k: v.cpu() for k, v in model.state_dict().items()})
-            conf = self.run_config_record(**{"server-round": rnd})
-            phase = ConfigRecord({"lambda": 0.0, "steps": self.opts.fl_local_steps})
-            self.experts, self.counts = {}, {}
-            kept = self.keep_experts(self.send(grid, nodes, "train", lambda n: RecordDict(
-                {RUN_KEY: conf, PHASE_KEY: phase, "arrays": rec})), "train")
-            # FedAvg: sample-weighted mean of the valid uploads
-            w = torch.tensor([float(r.content.metric_records["metrics"]["num-examples"]) for r in kept])
-            states = [tensors(r.content.array_records["expert"]) for r in kept]
-            avg = {k: sum(wi * s[k].float() for wi, s in zip(w / w.sum(), states)).to(states[0][k].dtype)
-                   for k in states[0]}
-            model.load_state_dict(avg)
-        self.run.phase_seconds["fedavg"] = time.time() - t0
-        self.global_model = model.to(self.run.device).eval().requires_grad_(False)
-        return self.finish({"rounds": self.run.cfg.num_server_rounds})
+        cfg = self.run.cfg
+        nodes = sorted(grid.get_node_ids())
+        self.task = FlowTask(self.run, self.server_data(len(nodes)))
+        initial = ArrayRecord(self.task.new_model().state_dict())
+        with timed(self.run, "fedavg"):
+            result = self.start(grid=grid, initial_arrays=initial, num_rounds=cfg.num_server_rounds,
+                                timeout=cfg.round_timeout, train_config=self.run_config_record())
+        global_model = self.task.load(result.arrays.to_torch_state_dict())
+        return FlowEvaluation(self.run, self.task).finish(lambda y, part: joint_field(global_model, y),
+                                                          {"rounds": cfg.num_server_rounds}, num_experts=self.uploads)
 
 
 class Router(nn.Module):
@@ -103,7 +129,7 @@ def routed_field(experts: list, router: Router, y: torch.Tensor) -> Callable:
 
 
 class DdmStrategy(FlowStrategy):
-    name = "ddm"
+    phases = (P.TRAIN, P.RECEIVE)
 
     def sampler(self, y: torch.Tensor, part: int) -> Callable:
         return routed_field([self.experts[a] for a in sorted(self.experts)], self.router, y)
@@ -111,32 +137,23 @@ class DdmStrategy(FlowStrategy):
     def execute(self, grid) -> dict[str, Any]:
         nodes = self.setup(grid)
         self.stage_one(grid, nodes, 0.0)
-        t0 = time.time()
-        ids = sorted(self.experts)
-        shape = (self.server.info.channels, self.run.cfg.image_size, self.run.cfg.image_size)
-        self.router = train_router([self.experts[a] for a in ids], shape, steps=self.opts.router_steps,
-                                   batch=self.run.cfg.batch_size, lr=self.opts.lr, sample_steps=self.opts.sample_steps,
-                                   seed=self.run.cfg.seed + 9, device=self.run.device)
-        self.run.phase_seconds["router"] = time.time() - t0
-        recs = {a: ArrayRecord({k: v.cpu() for k, v in self.experts[a].state_dict().items()}) for a in ids}
-        router_rec = ArrayRecord({k: v.cpu() for k, v in self.router.state_dict().items()})
-        conf = self.run_config_record()
+        ids, recs = self.frozen()
+        with timed(self.run, "router"):
+            self.router = train_router([self.experts[a] for a in ids], self.task.shape, steps=self.opts.router_steps,
+                                       batch=self.run.cfg.batch_size, lr=self.opts.lr,
+                                       sample_steps=self.opts.sample_steps, seed=self.run.cfg.seed + 9,
+                                       device=self.run.device)
+        router = ArrayRecord({k: v.cpu() for k, v in self.router.state_dict().items()})
         pid_of = {n: p for p, n in self.node_of.items()}
 
-        def content(node: int) -> RecordDict:  # the N - 1 peers and the router: the ensemble on every client
-            rd = RecordDict({RUN_KEY: conf, "router": router_rec})
-            for a in ids:
-                if a != pid_of[node]:
-                    rd[f"peer.{a}"] = recs[a]
-            return rd
+        def ensemble(node: int) -> dict[str, Any]:  # the N - 1 peers and the router: the ensemble on every client
+            return {P.ROUTER_KEY: router, **{f"{P.PEER_PREFIX}{a}": recs[a] for a in ids if a != pid_of[node]}}
 
-        self.send(grid, sorted(pid_of), "query.receive", content)
+        self.exchange(grid, P.RECEIVE, sorted(pid_of), ensemble)
         return self.finish({"router_steps": self.opts.router_steps})
 
 
 class LocalOnlyFlowStrategy(FlowStrategy):
-    name = "local-only-flow"
-
     def parts(self) -> int:
         return len(self.experts)
 
@@ -144,5 +161,5 @@ class LocalOnlyFlowStrategy(FlowStrategy):
         return joint_field(self.experts[sorted(self.experts)[part]], y)
 
     def execute(self, grid) -> dict[str, Any]:
-        self.stage_one(grid, self.setup(grid), 0.0)
+        self.stage_one(grid, self.setup(grid), 0.0)  # plain masked L_FM; uploaded for the evaluation only
         return self.finish({})

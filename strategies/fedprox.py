@@ -1,21 +1,13 @@
-"""FedProx (Li et al., 2020): FedAvg plus a proximal term (mu/2)||w - w_global||² in the
-local objective. Flower's FedProx puts `proximal-mu` in every train message; the client's
-shared loop (`clients.classify.local_train`) adds the term."""
+"""FedProx (Li et al., 2020): FedAvg plus a proximal term (mu/2)||w - w_global||² in the local
+objective. Flower's FedProx puts `proximal-mu` in every train message; the client's shared loop
+(`clients.classify.local_train`) adds the term."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from flwr.serverapp.strategy import FedProx
 
-from fedapp.config import opt
-from strategies.base import ServerRun
+from fedapp.server import ServerRun
 from strategies.fedavg import FedAvgStrategy
-
-
-@dataclass(frozen=True)
-class FedProxOptions:
-    mu: float = opt(0.01, low=0.0, help="proximal coefficient mu")
 
 
 class FedProxStrategy(FedAvgStrategy, FedProx):

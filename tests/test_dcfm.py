@@ -81,7 +81,7 @@ def test_local_training_with_peer_ci_leaves_peers_unchanged():
 
 
 def test_toy_dcfm_fills_the_missing_mode_and_fedflow_does_not():
-    from fedapp.experiments.dcfm_toy import run_toy
+    from experiments.dcfm_toy import run_toy
 
     torch.set_num_threads(1)
     res = run_toy(**SMALL_TOY)
@@ -93,16 +93,17 @@ def test_toy_dcfm_fills_the_missing_mode_and_fedflow_does_not():
 SMALL_TOY = dict(steps=300, fl_rounds=10, distill_steps=400, samples=256, methods=("fedflow", "dcfm-b"))
 
 
+TINY = {"dataset": "colored-digits", "partitioner": "attribute-holdout", "partitioner.per-class": 0,
+        "partitioner.coverage": 0.5, "partitioner.split": "non-iid", "image-size": 8, "num-server-rounds": 2,
+        "min-clients": 2, "batch-size": 8, "dcfm.local-steps": 2, "dcfm.peer-steps": 2, "dcfm.distill-steps": 2,
+        "dcfm.replay-paths": 4, "dcfm.path-steps": 2, "dcfm.sample-steps": 2, "dcfm.samples-per-pair": 2,
+        "dcfm.width": 8, "dcfm.router-steps": 2, "dcfm.fl-local-steps": 2, "dcfm.ref-epochs": 1}
+
+
 def _sim(tmp_path, method, **kw):
     import fedapp
 
-    cfg = {"method": method, "dataset": "colored-digits", "partitioner": "attribute-holdout", "partitioner.per-class": 0,
-           "partitioner.coverage": 0.5, "partitioner.split": "non-iid", "image-size": 8,
-           "out-dir": str(tmp_path), "num-server-rounds": 2, "min-clients": 2, "batch-size": 8,
-           "dcfm.local-steps": 2, "dcfm.peer-steps": 2, "dcfm.distill-steps": 2, "dcfm.replay-paths": 4,
-           "dcfm.path-steps": 2, "dcfm.sample-steps": 2, "dcfm.samples-per-pair": 2, "dcfm.width": 8,
-           "dcfm.router-steps": 2, "dcfm.fl-local-steps": 2, "dcfm.ref-epochs": 1, **kw}
-    return fedapp.simulate(cfg, num_clients=3)
+    return fedapp.simulate({**TINY, "method": method, "out-dir": str(tmp_path), **kw}, num_clients=3)
 
 
 def _check_summary(s):
@@ -135,3 +136,35 @@ def test_simulation_fedflow_moves_two_t(tmp_path):
     m = _check_summary(_sim(tmp_path, "fedflow"))
     for v in m["model_transfers_by_client"].values():
         assert abs(v - 4) < 0.1  # 2 T with T = 2 rounds
+
+
+# The metric names every composition method reports (strategies/flow.py: FlowEvaluation.finish), and
+# each method's own: one name set per method, as the experiment tables read them.
+SHARED_METRICS = {f"{kind}_{m}" for kind in ("seen", "novel")
+                  for m in ("composition_accuracy", "digit_accuracy", "color_accuracy", "distance")} | {
+    "model_bytes", "model_transfers_per_client", "model_transfers_by_client", "num_experts"}
+IN_PROCESS = {  # run config, own metrics, server phases timed, model transfers per client (N = 3, R = 1, T = 2)
+    "dcfm-a": ({"method": "dcfm", "dcfm.variant": "a", "dcfm.rounds": 1}, {"variant", "rounds"},
+               {"stage1", "peer_round1", "evaluation"}, 4),
+    "dcfm-b": ({"method": "dcfm", "dcfm.variant": "b"}, {"variant", "distill_student", "distill_student_ci",
+                                                         "replay_states"}, {"stage1", "distill", "evaluation"}, 2),
+    "fedflow": ({"method": "fedflow"}, {"rounds"}, {"fedavg", "evaluation"}, 4),
+    "ddm": ({"method": "ddm"}, {"router_steps"}, {"stage1", "router", "evaluation"}, 3),
+    "local-only-flow": ({"method": "local-only-flow"}, set(), {"stage1", "evaluation"}, 1),
+}
+
+
+@pytest.mark.parametrize("name", sorted(IN_PROCESS))
+def test_every_flow_method_runs_its_protocol_on_an_in_process_grid(tmp_path, name):
+    from fedapp.simulation import simulate_in_process
+
+    torch.set_num_threads(1)
+    cfg, own, phases, transfers = IN_PROCESS[name]
+    s = simulate_in_process({**TINY, **cfg, "out-dir": str(tmp_path)}, num_clients=3)
+    m = _check_summary(s)
+    assert set(m) == SHARED_METRICS | own
+    assert m["num_experts"] == 3
+    assert phases <= set(s["phase_seconds"])
+    for c, v in m["model_transfers_by_client"].items():
+        # ddm: the router (32 channels) rides beside the N - 1 peers: 0.4 of this width-8 velocity net
+        assert transfers <= v < transfers + (0.5 if name == "ddm" else 0.1), (c, v)

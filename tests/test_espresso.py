@@ -10,17 +10,19 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Context, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 
 import fedapp
 from fedapp import registry
 from clients import espresso as client
 from fedapp.config import ConfigError, all_defaults, parse_run_config
 from fedapp.models.text import class_prompts
-from fedapp.models.tiny_prior import TEST_CONFIG, random_tiny_prior
+from fedapp.models.prior.tiny import TEST_CONFIG, random_tiny_prior
 from fedapp.results import RunDir
 from strategies import espresso as server
-from strategies.base import ServerRun
+from fedapp.protocols import espresso as protocol
+from fedapp.server import MeteredGrid, ServerRun
+from fedapp.simulation import InProcessGrid
 
 DATASET = "digit-styles"
 FAST = {"espresso.embed-steps": 3, "espresso.steps": 3, "espresso.ratio": 1.0, "espresso.mixup-pairs": 8,
@@ -147,21 +149,21 @@ def test_upload_has_only_the_protocol_keys_and_passes_validation(prior, shard, u
                        "gmm_weights", "gmm_means", "gmm_variances"}
     assert up["class_counts"].tolist() == torch.bincount(shard.train.y, minlength=10).tolist()
     assert up["cluster_sizes"].sum() == len(shard.train)
-    rd = RecordDict({server.UPLOAD_KEY: ArrayRecord(up)})
-    assert server.validate_upload(rd, **_check(prior, opts)) is None
+    rd = RecordDict({protocol.UPLOAD_KEY: ArrayRecord(up)})
+    assert protocol.validate_upload(rd, **_check(prior, opts)) is None
     for conditions, init, keys in [("prompts", "gaussian", {"class_counts"}),
                                    ("class", "gaussian", {"class_counts", "embeddings", "embedding_class",
                                                           "cluster_sizes"})]:
         o = _opts(**{"espresso.conditions": conditions, "espresso.init": init})
         u = _upload(prior, shard, o)
         assert set(u) == keys
-        assert server.validate_upload(RecordDict({server.UPLOAD_KEY: ArrayRecord(u)}), **_check(prior, o)) is None
+        assert protocol.validate_upload(RecordDict({protocol.UPLOAD_KEY: ArrayRecord(u)}), **_check(prior, o)) is None
 
 
 def _corrupt(up, key, fn):
     bad = dict(up)
     bad[key] = fn(up[key].clone())
-    return RecordDict({server.UPLOAD_KEY: ArrayRecord(bad)})
+    return RecordDict({protocol.UPLOAD_KEY: ArrayRecord(bad)})
 
 
 def _set(index, value):
@@ -185,12 +187,12 @@ def _set(index, value):
 ])
 def test_validate_rejects_bad_uploads_with_a_reason(prior, upload, key, fn, why):
     opts, up = _opts(), upload
-    reason = server.validate_upload(_corrupt(up, key, fn), **_check(prior, opts))
+    reason = protocol.validate_upload(_corrupt(up, key, fn), **_check(prior, opts))
     assert reason is not None and why in reason
     missing = {k: v for k, v in up.items() if k != "gmm_means"}
-    assert "wrong keys" in server.validate_upload(RecordDict({server.UPLOAD_KEY: ArrayRecord(missing)}),
+    assert "wrong keys" in protocol.validate_upload(RecordDict({protocol.UPLOAD_KEY: ArrayRecord(missing)}),
                                                   **_check(prior, opts))
-    assert "exceeds" in server.validate_upload(RecordDict({server.UPLOAD_KEY: ArrayRecord(up)}),
+    assert "exceeds" in protocol.validate_upload(RecordDict({protocol.UPLOAD_KEY: ArrayRecord(up)}),
                                                **_check(prior, opts), max_bytes=1000)
 
 
@@ -203,26 +205,38 @@ def _reply(node, content):
 
 def _strategy(tmp_path, prior, method="espresso", **kw):
     cfg = parse_run_config({"method": method, "min-clients": 1, "out-dir": str(tmp_path), **FAST, **kw})
-    s = registry.strategy_class(method)(ServerRun(cfg=cfg, out=RunDir(tmp_path / "run")))
-    s._check = _check(prior, s.opts)
-    return s
+    return registry.strategy_class(method)(ServerRun(cfg=cfg, out=RunDir(tmp_path / "run")))
+
+
+class _CannedGrid:
+    """Answers the train phase with prepared replies."""
+
+    def __init__(self, replies):
+        self.replies = replies
+
+    def send_and_receive(self, messages, timeout=None):
+        return self.replies
 
 
 def test_strategy_drops_a_bad_upload_and_keeps_the_rest(tmp_path, prior, shard, upload):
     s = _strategy(tmp_path, prior)
     up = upload
-    replies = [_reply(1, RecordDict({server.UPLOAD_KEY: ArrayRecord(up)})),
+    metrics = MetricRecord({"num-examples": len(shard.train)})
+    replies = [_reply(1, RecordDict({protocol.UPLOAD_KEY: ArrayRecord(up), "metrics": metrics})),
                _reply(2, _corrupt(up, "embeddings", _set((0, 0, 0), float("nan")))),
                _reply(3, _corrupt(up, "gmm_means", lambda t: t[:, :, :10]))]
-    s.aggregate_train(1, replies)
+    for r in replies[1:]:
+        r.content["metrics"] = metrics
+    validate = lambda c: protocol.validate_upload(c, **_check(prior, s.opts))  # noqa: E731
+    s.collect_uploads(_CannedGrid(replies), [1, 2, 3], validate)
     assert sorted(s.uploads) == [0] and s.upload_bytes[0] > 0
     assert [(f["node_id"], f["phase"]) for f in s.run.failures] == [(2, "train"), (3, "train")]
     assert "non-finite" in s.run.failures[0]["reason"] and "shape" in s.run.failures[1]["reason"]
     s.prior = prior
-    x, y, _ = s.synthesize_all(prior.encode_prompts(class_prompts(DATASET, shard.info.class_names)), 10)
-    assert len(x) == len(y) == len(shard.train)  # ratio 1, from the one valid upload
+    x, y, who, _ = s.synthesize_all(prior.encode_prompts(class_prompts(DATASET, shard.info.class_names)), 10)
+    assert len(x) == len(y) == len(shard.train) and who.unique().tolist() == [0]  # ratio 1, one valid upload
     with pytest.raises(RuntimeError, match="min-clients"):  # too few valid uploads stops the run
-        _strategy(tmp_path, prior, **{"min-clients": 2}).aggregate_train(1, replies[1:])
+        _strategy(tmp_path, prior, **{"min-clients": 2}).collect_uploads(_CannedGrid(replies[1:]), [2, 3], validate)
 
 
 # ---- synthesis ---------------------------------------------------------------------------------------------
@@ -262,38 +276,30 @@ def test_zigzag_needs_gamma2_below_gamma1():
 
 
 # ---- in-process protocol: the real client handlers behind a fake grid ----------------------------------------
-class _HandlerGrid:
-    """Delivers each message to fedapp.client_app.handle for node n (partition n - 1)."""
+class _HandlerGrid(InProcessGrid):
+    """The in-process grid, nodes 1..n (partitions 0..n-1), keeping every message it sends;
+    `cannot_load` nodes are on another machine (the server's prior folder is not there), `mutate`
+    edits a node's reply."""
+
+    FIRST_NODE_ID = 1
 
     def __init__(self, n, cannot_load=(), mutate=None):
-        self.n, self.cannot_load, self.mutate, self.sent = n, set(cannot_load), mutate, []
+        super().__init__(n)
+        self.cannot_load, self.mutate, self.sent = set(cannot_load), mutate, []
 
-    def get_node_ids(self):
-        return list(range(1, self.n + 1))
-
-    def send_and_receive(self, messages, timeout=None):
-        from fedapp import client_app
-
-        out = []
-        for m in messages:
-            self.sent.append(m)
-            node = m.metadata.dst_node_id
-            ctx = Context(run_id=1, node_id=node, node_config={"partition-id": node - 1, "num-partitions": self.n},
-                          state=RecordDict(), run_config={})
-            if node in self.cannot_load and "prior" not in m.content.config_records:
-                # another machine: the server's prior folder does not exist there
-                m.content.config_records["config"]["prior"] = "/nonexistent/prior"
-            reply = client_app.handle(m, ctx)
-            reply.metadata._src_node_id = node
-            if self.mutate:
-                self.mutate(node, reply)
-            out.append(reply)
-        return out
+    def deliver(self, m):
+        self.sent.append(m)
+        node = m.metadata.dst_node_id
+        if node in self.cannot_load and "prior" not in m.content.config_records:
+            m.content.config_records["config"]["prior"] = "/nonexistent/prior"
+        reply = super().deliver(m)
+        if self.mutate:
+            self.mutate(node, reply)
+        return reply
 
 
 def test_a_client_that_cannot_load_the_prior_asks_and_gets_its_bytes(tmp_path, prior_dir, monkeypatch):
-    from fedapp.models import prior_to_bytes
-    from strategies.base import MeteredGrid
+    from fedapp.models.prior import prior_to_bytes
 
     monkeypatch.setenv("FEDAPP_CACHE", str(tmp_path / "cache"))
     cfg = {"method": "espresso", "dataset": DATASET, "partitioner.name": "domain", "partitioner.per-class": 2,
@@ -313,7 +319,6 @@ def test_a_client_that_cannot_load_the_prior_asks_and_gets_its_bytes(tmp_path, p
 
 
 def test_prompts_baseline_clients_upload_class_counts_only_and_need_no_prior(tmp_path, prior_dir):
-    from strategies.base import MeteredGrid
 
     cfg = {"method": "prompts", "dataset": DATASET, "partitioner.name": "domain", "partitioner.per-class": 2,
            "prior": str(prior_dir), "min-clients": 2, "out-dir": str(tmp_path), **FAST}
@@ -329,7 +334,6 @@ def test_prompts_baseline_clients_upload_class_counts_only_and_need_no_prior(tmp
 
 @pytest.mark.parametrize("model", ["cnn", "resnet18"])
 def test_centralized_is_an_oracle_on_the_union_of_client_shards(tmp_path, model):
-    from strategies.base import MeteredGrid
     from strategies.centralized import union_of_client_shards
 
     cfg = parse_run_config({**all_defaults(), "method": "centralized", "dataset": DATASET, "partitioner.name": "domain",
@@ -368,11 +372,11 @@ def test_espresso_end_to_end_simulation(tmp_path, prior_dir, monkeypatch):
 
 
 def test_ablation_command_writes_every_row_table_and_figures(tmp_path, prior_dir):
-    from fedapp.experiments import espresso_ablation as ab
+    from experiments import espresso_ablation as ab
 
     sets = [f"{k}={v}" for k, v in {**FAST, "prior": str(prior_dir)}.items()]
     ab.main(["--seeds", "0", "1", "--clients", "2", "--per-class", "2", "--threads", "1", "--out", str(tmp_path),
-             "--fidelity", "--reader-epochs", "1", "--set", *sets])
+             "--runs", str(tmp_path / "runs"), "--fidelity", "--reader-epochs", "1", "--set", *sets])
     out = json.loads((tmp_path / "espresso_ablation.json").read_text())
     rows = [n for n, _, _ in ab.ROWS]
     assert set(out["per_seed"]) == {"0", "1"} and list(out["summary"]) == rows
@@ -394,7 +398,7 @@ def test_ablation_command_writes_every_row_table_and_figures(tmp_path, prior_dir
 
 
 def test_fidelity_counts_the_intended_class_and_the_clients_own_domain():
-    from fedapp.experiments.espresso_ablation import fidelity
+    from experiments.espresso_ablation import fidelity
 
     class Reader(torch.nn.Module):  # reads the label off the first pixel
         def __init__(self):

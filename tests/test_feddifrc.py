@@ -15,7 +15,7 @@ from fedapp.client_context import ClientContext
 from fedapp.config import ConfigError, all_defaults, parse_run_config
 from fedapp.models.classifier import ProjectedClassifier, build_classifier
 from fedapp.models.features import UNetFeatureExtractor
-from fedapp.models.tiny_prior import TEST_CONFIG, random_tiny_prior
+from fedapp.models.prior.tiny import TEST_CONFIG, random_tiny_prior
 
 
 @pytest.fixture(scope="module")

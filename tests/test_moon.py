@@ -11,6 +11,7 @@ import fedapp
 ONE_ACTOR = {"client_resources": {"num_cpus": 2, "num_gpus": 0.0}}  # one Ray actor: one torch import on 2 cores
 from clients import moon
 from fedapp.config import all_defaults
+from fedapp.protocols.moon import STATE_PREV_MODEL
 
 
 def test_l_con_prefers_the_global_model_and_is_log2_when_both_coincide():
@@ -23,8 +24,8 @@ def test_l_con_prefers_the_global_model_and_is_log2_when_both_coincide():
 
 
 def test_previous_local_model_lives_in_context_state(tmp_path, monkeypatch):
-    from fedapp.experiments.feddifrc import InProcessGrid
     from fedapp.server_app import run_server
+    from fedapp.simulation import InProcessGrid
 
     seen = []  # (partition-less) whether each MoonLoss had a previous model
     original = moon.MoonLoss.__init__
@@ -41,7 +42,7 @@ def test_previous_local_model_lives_in_context_state(tmp_path, monkeypatch):
     assert s["status"] == "completed" and s["failures"] == []
     assert seen == [False, False, True, True]  # round 1: no previous model; round 2: the one from round 1
     for ctx in grid.nodes.values():
-        prev = ctx.state.array_records[moon.STATE_KEY].to_torch_state_dict()
+        prev = ctx.state.array_records[STATE_PREV_MODEL].to_torch_state_dict()
         assert any(k.startswith("proj.") for k in prev)
 
 

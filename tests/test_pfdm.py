@@ -108,6 +108,7 @@ def test_per_sample_loss_and_training_loop():
 
 def test_pfdm_simulation_uploads_are_private_and_the_private_model_stays_home(tmp_path):
     import fedapp
+    from fedapp.protocols import pfdm as P
     from feddata import load_client_shard
 
     dump = tmp_path / "messages"
@@ -119,8 +120,8 @@ def test_pfdm_simulation_uploads_are_private_and_the_private_model_stays_home(tm
         pid = int(context.node_config["partition-id"])
         arrays = lambda rd: {f"{k}/{n}": a.numpy() for k, rec in rd.array_records.items()  # noqa: E731
                              for n, a in rec.items()}
-        private = {n: a.numpy() for n, a in context.state.array_records["pfdm.private"].items()} \
-            if "pfdm.private" in context.state.array_records else {}
+        private = {n: a.numpy() for n, a in context.state.array_records[P.STATE_PRIVATE].items()} \
+            if P.STATE_PRIVATE in context.state.array_records else {}
         torch.save({"in": arrays(msg.content), "out": arrays(reply.content) if reply.has_content() else {},
                     "private": private}, dump / f"{msg.metadata.message_type}-{pid}.pt")
         return reply
@@ -137,19 +138,20 @@ def test_pfdm_simulation_uploads_are_private_and_the_private_model_stays_home(tm
 
     for pid in (0, 1):
         up = torch.load(dump / f"train-{pid}.pt", weights_only=False)
-        assert set(up["out"]) == {"upload/x", "upload/y"}  # the only arrays the server receives in phase 1
+        upload_x, upload_y = f"{P.UPLOAD_KEY}/{P.X}", f"{P.UPLOAD_KEY}/{P.Y}"
+        assert set(up["out"]) == {upload_x, upload_y}  # the only arrays the server receives in phase 1
         shard = load_client_shard("colored-digits", "minority", {"minority-classes": 2, "minority-fraction": 0.1,
                                                                  "per-class": 0}, 0, pid, 2, image_size=8)
-        x_up = torch.from_numpy(up["out"]["upload/x"])
+        x_up = torch.from_numpy(up["out"][upload_x])
         var_ratio, along = residual_figures(x_up, shard.train.x, 10.0, 693)
         assert abs(var_ratio - 1) < 5 * math.sqrt(2 / x_up.numel())  # noised with sigma^2's variance
         assert abs(along) < 5 / math.sqrt(len(x_up))  # clipped: no leftover signal along x beyond C
         a = float(linear_abar()[693])
         assert (clip_norm(shard.train.x, 10.0) * math.sqrt(a)).flatten(1).norm(dim=1).max() <= math.sqrt(a) * 10 + 1e-4
         # the private denoiser's weights appear in no message, in either direction, in any phase
-        private = torch.load(dump / f"query.sample-{pid}.pt", weights_only=False)["private"]
+        private = torch.load(dump / f"{P.SAMPLE.message_type}-{pid}.pt", weights_only=False)["private"]
         assert private, "the private model should live in the node's Context.state"
-        for phase in ("train", "query.sample"):
+        for phase in (P.TRAIN.message_type, P.SAMPLE.message_type):
             rec = torch.load(dump / f"{phase}-{pid}.pt", weights_only=False)
             for name, arr in {**rec["in"], **rec["out"]}.items():
                 for pname, w in private.items():
@@ -174,7 +176,7 @@ def test_ddpm_baselines_protocols_on_an_in_process_grid(tmp_path, method):
     """strategies/ddpm_baselines.py: local-only releases nothing (no MIA target, samples only);
     fedavg-ddpm moves the whole DDPM each round and its released global model is attacked."""
     from fedapp.config import all_defaults
-    from fedapp.experiments.feddifrc import InProcessGrid
+    from fedapp.simulation import InProcessGrid
     from fedapp.models.ddpm import build_ddpm
     from fedapp.server_app import run_server
     from strategies.ddpm_baselines import NO_MIA

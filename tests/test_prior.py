@@ -5,7 +5,7 @@ import torch
 from diffusers import DDIMScheduler
 
 from fedapp.models.prior import Prior, diffusion_target
-from fedapp.models.tiny_prior import TEST_CONFIG, random_tiny_prior
+from fedapp.models.prior.tiny import TEST_CONFIG, random_tiny_prior
 
 PROMPT = "a photo of the digit three"
 
@@ -58,3 +58,23 @@ def test_loss_is_the_native_objective_and_reaches_raw_conditions(prior):
         eps_hat = eps_prior.predict_noise(eps_prior.add_noise(z0, noise, t), t, cond)
     assert torch.allclose(l_eps, torch.nn.functional.mse_loss(eps_hat, noise))
     assert torch.equal(diffusion_target("sample", z0, noise, a), z0)
+
+
+def test_geometry_comes_from_the_component_configs_and_images_are_resized_to_it(prior, tmp_path):
+    from test_prior_sd import tiny_sd_pipeline  # the SD-1.5 layout at toy size, with a VAE
+
+    assert prior.vae is None and prior.vae_scale_factor == 1 and prior.sample_size == 16
+    assert prior.image_size == 16 and prior.latent_shape == (3, 16, 16)
+    pipe = tiny_sd_pipeline(tmp_path)
+    sd = Prior(pipe.tokenizer, pipe.text_encoder, pipe.unet, pipe.scheduler, pipe.vae)
+    assert sd.vae_scale_factor == 2 and sd.sample_size == 16  # VAE blocks (8, 16): one 2x down-sampling
+    assert sd.image_size == 32 and sd.latent_shape == (4, 16, 16) and sd.cond_shape == (77, 32)
+    # any image size in, the prior's image_size out; images already at that size pass unchanged
+    x = torch.rand(2, 3, 28, 28) * 2 - 1
+    assert prior.prepare_images(x).shape == (2, 3, 16, 16) and sd.prepare_images(x).shape == (2, 3, 32, 32)
+    assert prior.prepare_images(x).abs().max() <= 1
+    assert torch.allclose(prior.prepare_images(torch.full((1, 3, 28, 28), 0.5)), torch.tensor(0.5))
+    assert torch.equal(prior.prepare_images(x[..., :16, :16]), x[..., :16, :16])
+    # encode_images resizes first, so latents always have the prior's latent_shape
+    assert prior.encode_images(x).shape == (2, *prior.latent_shape)
+    assert sd.encode_images(x).shape == (2, *sd.latent_shape)

@@ -9,7 +9,7 @@ from diffusers import AutoencoderKL, DDIMScheduler, PNDMScheduler, StableDiffusi
 from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
 
 from fedapp.models import load_prior
-from fedapp.models.samplers import expected_unet_evals
+from fedapp.models.prior.samplers import expected_unet_evals
 
 PROMPTS = ["a photo of the digit three", "a photo of the digit seven"]
 

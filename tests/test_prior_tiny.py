@@ -9,7 +9,7 @@ import torch
 
 from fedapp.models import load_prior, prior_from_bytes, prior_to_bytes
 from fedapp.models.text import class_prompts
-from fedapp.models.tiny_prior import TEST_CONFIG, build_tiny_prior, build_tokenizer, tiny_prior_path
+from fedapp.models.prior.tiny import TEST_CONFIG, build_tiny_prior, build_tokenizer, tiny_prior_path
 
 NAMES = ["zero", "one", "two"]
 
@@ -104,12 +104,12 @@ def test_load_prior_errors(tmp_path):
     (tmp_path / "half").mkdir()
     with pytest.raises(ValueError, match=r"lacks unet/"):
         load_prior(tmp_path / "half")
-    with pytest.raises(ValueError, match=r"prior='tiny:digits'.*python -m fedapp.models.tiny_prior"):
+    with pytest.raises(ValueError, match=r"prior='tiny:digits'.*python -m fedapp.models.prior.tiny"):
         load_prior("tiny:digits", cache_dir=tmp_path)
 
 
 def test_evaluate_reports_accuracy_and_grid(built):
-    from fedapp.models.tiny_prior import evaluate_tiny_prior
+    from fedapp.models.prior.tiny import evaluate_tiny_prior
 
     _, folder = built
     out = evaluate_tiny_prior(folder, "digits", per_class=2, guidances=(1.0, 3.0), num_steps=3, data=synthetic(),

@@ -8,10 +8,9 @@ import pytest
 import torch
 from diffusers import DDIMScheduler
 
-from fedapp.models import samplers
-from fedapp.models.prior import Prior
-from fedapp.models.samplers import expected_unet_evals
-from fedapp.models.tiny_prior import TEST_CONFIG, random_tiny_prior
+from fedapp.models.prior import Prior, samplers
+from fedapp.models.prior.samplers import expected_unet_evals
+from fedapp.models.prior.tiny import TEST_CONFIG, random_tiny_prior
 
 PROMPT = "a photo of the digit three"
 SD_SCHEDULE = dict(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012, set_alpha_to_one=False,

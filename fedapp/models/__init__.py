@@ -8,11 +8,12 @@ from importlib import import_module
 
 _EXPORTS = {
     "Prior": "prior", "SampleResult": "prior", "load_prior": "prior",
-    "expected_unet_evals": "samplers", "leading_timesteps": "samplers",
+    "prior_to_bytes": "prior", "prior_from_bytes": "prior",
+    "expected_unet_evals": "prior", "leading_timesteps": "prior",
     "UNetFeatureExtractor": "features", "VisionBackboneExtractor": "features",
     "make_feature_extractor": "features", "FeatureOutput": "features",
-    "TinyPriorConfig": "tiny_prior", "build_tiny_prior": "tiny_prior", "tiny_prior_path": "tiny_prior",
-    "prior_to_bytes": "tiny_prior", "prior_from_bytes": "tiny_prior", "random_tiny_prior": "tiny_prior",
+    "TinyPriorConfig": "prior.tiny", "build_tiny_prior": "prior.tiny", "tiny_prior_path": "prior.tiny",
+    "random_tiny_prior": "prior.tiny",
     "SmallCNN": "classifier", "train_classifier": "classifier",
     "DDPM": "ddpm", "VelocityNet": "flow",
     "class_prompt": "text", "class_prompts": "text",

@@ -1,5 +1,5 @@
 """DCFM's equations as tensor functions, shared by the clients (clients/dcfm.py), the server
-(strategies/dcfm.py, strategies/fedflow.py) and the 2-D toy. Paper symbols (grep them):
+(strategies/flow.py, strategies/dcfm.py, strategies/fedflow.py) and the 2-D toy. Paper symbols (grep them):
 
 - y = (y_1..y_k) attributes (here digit, colour), -1 = masked / null.
 - Masks (eq. 8): y_m = y ⊙ m, m drawn as full labels (pi_full), one attribute (pi_marg), none (pi_uncond).
@@ -18,12 +18,6 @@ import torch
 
 from .flow import VelocityNet, euler
 
-EXPERT_KEY = "expert"  # ArrayRecord: a velocity net's state dict
-COUNTS_KEY = "counts"  # ArrayRecord {"pairs": (n_1, n_2) int64}: the client's label counts per (y_1, y_2)
-PEER_PREFIX = "peer."  # ArrayRecords "peer.<pid>" (variant A allgather)
-PEER_COUNTS_PREFIX = "peer-counts."
-STATE_KEY = "dcfm-expert"  # the client's own expert, kept in Flower's node state between rounds
-PHASE_KEY = "dcfm-phase"  # ConfigRecord {"lambda", "steps"}: per-phase settings beside the run config
 NULL = -1
 
 
@@ -34,7 +28,7 @@ def build_velocity(image_size: int, attribute_sizes: Sequence[int], width: int, 
                        attention=False)
 
 
-def attribute_labels(split, names: Sequence[str] = ("digit", "color")) -> torch.Tensor:
+def attribute_labels(split, names: Sequence[str]) -> torch.Tensor:
     """y (N, k) int64 from a feddata Split's attributes."""
     return torch.stack([torch.as_tensor(split.attrs[n]).long() for n in names], dim=1)
 

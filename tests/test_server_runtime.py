@@ -1,4 +1,5 @@
-"""Server-side upload validation and byte accounting (no simulation needed)."""
+"""The server runtime (fedapp/server, fedapp/protocols/records.py): upload validation and byte
+accounting, no simulation needed."""
 
 import numpy as np
 import pytest
@@ -7,7 +8,9 @@ from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDic
 
 from fedapp.config import parse_run_config
 from fedapp.results import RunDir
-from strategies.base import MeteredGrid, ServerRun, check_arrays, record_nbytes
+from fedapp.protocols import Phase
+from fedapp.protocols.records import check_arrays, record_nbytes
+from fedapp.server import MeteredGrid, ServerRun, keep_valid
 from strategies.fedavg import FedAvgStrategy
 
 
@@ -86,3 +89,32 @@ def test_record_nbytes_counts_serialised_tensors_and_config_values():
 
     assert size(1010) - size(10) == 4000  # float32 payload counted byte for byte
     assert 40 + 5 <= size(10) <= 40 + 5 + 256  # plus a bounded serialisation header
+
+
+def test_validation_never_raises_and_checks_the_phase_records(tmp_path):
+    """A validator that throws on a malformed upload rejects it; a reply with records the phase does not
+    declare is rejected before the validator sees it."""
+    cfg = parse_run_config({"min-clients": 1})
+    run = ServerRun(cfg=cfg, out=RunDir(tmp_path / "r"))
+    phase = Phase("train", down=("arrays",), up=("arrays", "metrics"))
+    good, extra, boom = (_reply(n, {"w": torch.zeros(2)}) for n in (1, 2, 3))
+    extra.content["smuggled"] = ConfigRecord({"x": 1})
+
+    def validate(content):
+        if content.config_records["client"]["partition-id"] == 3:
+            raise KeyError("no such array")
+        return None
+
+    kept = keep_valid(run, [good, extra, boom], phase, validate)
+    assert [r.metadata.src_node_id for r in kept] == [1]
+    reasons = {f["node_id"]: f["reason"] for f in run.failures}
+    assert "records" in reasons[2] and "smuggled" in reasons[2]
+    assert "malformed upload (KeyError" in reasons[3]
+    with pytest.raises(RuntimeError, match="min-clients=2"):
+        keep_valid(ServerRun(cfg=parse_run_config({"min-clients": 2}), out=run.out), [good], phase, validate)
+
+
+def test_check_arrays_rejects_unreadable_bytes():
+    rec = ArrayRecord({"w": torch.zeros(2)})
+    rec["w"].data = b"not an npy file"
+    assert "unreadable" in check_arrays(rec, {"w": (2,)})

@@ -2,10 +2,10 @@
 and composition accuracy, seen vs novel (digit, colour) pairs, IID vs non-IID, for fedflow, ddm,
 local-only-flow, DCFM-A and DCFM-B.
 
-    python -m fedapp.experiments dcfm [--clients 5] [--quick]
+    python -m experiments dcfm [--clients 5] [--quick] [--out docs]
 
-Writes docs/dcfm.json (one row per run, written after each run so an interrupted table resumes) and
-docs/dcfm_grid.png (DCFM-B, non-IID: digit x colour, novel cells framed in white). The distances are on
+Writes <out>/dcfm.json (one row per run, written after each run so an interrupted table resumes) and
+<out>/dcfm_grid.png (DCFM-B, non-IID: digit x colour, novel cells framed in white). The distances are on
 SmallCNN features (digit + colour reference classifiers trained on the server's real data), NOT Inception.
 """
 
@@ -17,6 +17,7 @@ import shutil
 import time
 from pathlib import Path
 
+from experiments.common import BACKENDS, check_configs, prog, run
 from fedapp.results import atomic_write_json
 
 ROWS = [("fedflow", {}), ("ddm", {}), ("local-only-flow", {}),
@@ -34,15 +35,16 @@ QUICK = {**SETTINGS, "num-server-rounds": 2, "dcfm.fl-local-steps": 5, "dcfm.loc
          "dcfm.router-steps": 10, "dcfm.ref-epochs": 1}
 
 
-def run_one(name: str, extra: dict, split: str, clients: int, settings: dict, out_dir: str) -> dict:
-    import fedapp
-
+def config(name: str, extra: dict, split: str, clients: int, settings: dict, out_dir: str) -> dict:
     method = "dcfm" if name.startswith("dcfm") else name
-    cfg = {"method": method, "dataset": "colored-digits", "partitioner": "attribute-holdout", "partitioner.per-class": 0,
-           "partitioner.coverage": 0.5, "partitioner.split": split, "min-clients": clients,
-           "out-dir": out_dir, "run-name": f"{name}-{split}", **settings, **extra}
+    return {"method": method, "dataset": "colored-digits", "partitioner": "attribute-holdout",
+            "partitioner.per-class": 0, "partitioner.coverage": 0.5, "partitioner.split": split, "min-clients": clients,
+            "out-dir": out_dir, "run-name": f"{name}-{split}", **settings, **extra}
+
+
+def run_one(name: str, extra: dict, split: str, clients: int, settings: dict, out_dir: str, backend: str) -> dict:
     t0 = time.time()
-    s = fedapp.simulate(cfg, num_clients=clients, backend={"client_resources": {"num_cpus": 1, "num_gpus": 0.0}})
+    s = run(config(name, extra, split, clients, settings, out_dir), clients, backend)
     m = s["metrics"]
     keys = ("seen_distance", "novel_distance", "seen_composition_accuracy", "novel_composition_accuracy",
             "seen_digit_accuracy", "novel_digit_accuracy", "seen_color_accuracy", "novel_color_accuracy",
@@ -58,14 +60,16 @@ def transfers_from_run(run_dir: str) -> float:
     from flwr.app import ArrayRecord, ConfigRecord, RecordDict
 
     from fedapp.models.compose import build_velocity
-    from strategies.base import record_nbytes
+    from fedapp.protocols import RUN_KEY
+    from fedapp.protocols.dcfm import EXPERT_KEY
+    from fedapp.protocols.records import record_nbytes
 
     run = Path(run_dir)
     cfg = json.loads((run / "config.json").read_text())
     torch.manual_seed(0)
     net = build_velocity(cfg["image-size"], [10, 6], cfg["dcfm.width"])
-    model = record_nbytes(RecordDict({"expert": ArrayRecord(net.state_dict())}))
-    cfg_bytes = record_nbytes(RecordDict({"config": ConfigRecord(cfg)}))
+    model = record_nbytes(RecordDict({EXPERT_KEY: ArrayRecord(net.state_dict())}))
+    cfg_bytes = record_nbytes(RecordDict({RUN_KEY: ConfigRecord(cfg)}))
     per = json.loads((run / "comm.json").read_text())["totals"]["per_client"]
     vals = [(r["up_bytes"] + r["down_bytes"] - r["messages_down"] * cfg_bytes) / model for r in per.values()]
     return round(sum(vals) / len(vals), 3)
@@ -83,17 +87,20 @@ def table(rows: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="python -m fedapp.experiments dcfm")
+    p = argparse.ArgumentParser(prog=prog("dcfm"), description=__doc__.split("\n")[0])
     p.add_argument("--clients", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="a smoke run (minutes), not the table")
-    p.add_argument("--out", default="docs/dcfm.json")
-    p.add_argument("--runs", default="runs/dcfm-table")
+    p.add_argument("--out", default="docs", help="folder for dcfm.json and dcfm_grid.png")
+    p.add_argument("--runs", default="runs/dcfm-table", help="folder of the runs' own folders")
+    p.add_argument("--backend", choices=BACKENDS, default="ray",
+                   help="ray: fedapp.simulate; inprocess: fedapp.simulation.simulate_in_process (no Ray start-up)")
     a = p.parse_args(argv)
     import os
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     settings = QUICK if a.quick else SETTINGS
-    out = Path(a.out)
+    check_configs([config(n, e, s, a.clients, settings, a.runs) for s in SPLITS for n, e in ROWS], a.clients)
+    out = Path(a.out) / "dcfm.json"
     done = json.loads(out.read_text()) if out.exists() else {}
     if done.get("settings") != settings or done.get("clients") != a.clients:
         done = {"settings": settings, "clients": a.clients, "rows": []}
@@ -102,7 +109,7 @@ def main(argv: list[str]) -> None:
         for name, extra in ROWS:
             if (name, split) in have:
                 continue
-            done["rows"].append(run_one(name, extra, split, a.clients, settings, a.runs))
+            done["rows"].append(run_one(name, extra, split, a.clients, settings, a.runs, a.backend))
             out.parent.mkdir(parents=True, exist_ok=True)
             atomic_write_json(out, done)
             print(table(done["rows"]), flush=True)

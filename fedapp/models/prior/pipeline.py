@@ -1,26 +1,28 @@
-"""The diffusion prior: one code path for the built-in tiny prior and Stable Diffusion 1.5.
+"""The diffusion prior's pipeline: one code path for the built-in tiny prior and Stable Diffusion 1.5.
 
 A prior is an SD-1.5-layout folder (unet/, text_encoder/, tokenizer/, scheduler/, optional vae/)
-loaded component by component with each class's from_pretrained. Without vae/ it works in pixel
-space (encode/decode are the identity). The noise schedule is the pipeline's own betas wrapped in
-a DDIMScheduler config; the DDIM step and its inversion are written here from the equations
-(samplers.py has the notation), so they do not depend on diffusers' changing inverse-scheduler
-conventions.
+loaded component by component with each class's from_pretrained (load_components). Without vae/ it
+works in pixel space (encode/decode are the identity). As in diffusers' StableDiffusionPipeline, the
+geometry is read from the components' configs, never stored beside them: vae_scale_factor from the
+VAE's blocks, sample_size from the UNet, image_size = sample_size * vae_scale_factor. The noise
+schedule is the pipeline's own betas wrapped in a DDIMScheduler config; the DDIM step and its
+inversion are written here from the equations (samplers.py has the notation), so they do not depend
+on diffusers' changing inverse-scheduler conventions.
+
+Which spec names which folder (tiny, a folder, a hub id) is spec.py's business, not this module's.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+from torch.nn import functional as F
 
 from . import samplers
 from .samplers import DEFAULT_GAMMA2, DEFAULT_GUIDANCE, DEFAULT_ZIGZAG_T
-
-DEFAULT_TINY_DATASET = "digit-styles"
 
 Condition = torch.Tensor | list[str] | str
 
@@ -64,21 +66,57 @@ class Prior:
         self.alphas_cumprod = self.scheduler.alphas_cumprod.to(self.device)  # abar_t, float32
         self.final_alpha_cumprod = self.scheduler.final_alpha_cumprod.to(self.device)  # abar at t < 0
         self.scaling_factor = float(vae.config.scaling_factor) if vae is not None else 1.0
-        size = unet.config.sample_size
-        h, w = (size, size) if isinstance(size, int) else tuple(size)
-        self.latent_shape = (int(unet.config.in_channels), h, w)
-        factor = 2 ** (len(vae.config.block_out_channels) - 1) if vae is not None else 1
-        self.image_size = h * factor
-        self.cond_shape = (int(text_encoder.config.max_position_embeddings), int(unet.config.cross_attention_dim))
         self.unet_rows = 0  # rows passed through the UNet so far (the evaluation counter)
         self.vae_batch = 16  # images per VAE call (SD's VAE at 512 px is memory-hungry)
         self._null = None
 
+    # ---- geometry, read from the components' configs -----------------------------------------
+    @property
+    def vae_scale_factor(self) -> int:
+        """Image pixels per latent pixel: 2 ** (VAE down-blocks - 1) (SD-1.5: 8); 1 in pixel space."""
+        return 2 ** (len(self.vae.config.block_out_channels) - 1) if self.vae is not None else 1
+
+    @property
+    def sample_size(self) -> int:
+        """Side of the UNet's input in latent pixels: unet.config.sample_size (SD-1.5: 64, tiny: 16)."""
+        size = self.unet.config.sample_size
+        if not isinstance(size, int):
+            h, w = size
+            if h != w:
+                raise ValueError(f"unet.config.sample_size={tuple(size)}: only square priors are supported")
+            size = h
+        return int(size)
+
+    @property
+    def latent_shape(self) -> tuple[int, int, int]:
+        """(C, h, w) of z_0 and of the noise z_T."""
+        return int(self.unet.config.in_channels), self.sample_size, self.sample_size
+
+    @property
+    def image_size(self) -> int:
+        """Side of the images the prior decodes to and encodes from."""
+        return self.sample_size * self.vae_scale_factor
+
+    @property
+    def cond_shape(self) -> tuple[int, int]:
+        """(L, D) of a condition: the text encoder's positions x the UNet's cross-attention width."""
+        return int(self.text_encoder.config.max_position_embeddings), int(self.unet.config.cross_attention_dim)
+
     # ---- images <-> latents -------------------------------------------------------------------
+    def prepare_images(self, x: torch.Tensor) -> torch.Tensor:
+        """x (B, C, H, W) in [-1, 1] -> on the prior's device and dtype, resized to image_size when it differs
+        (bilinear with antialias, in float32), so a dataset's image size need not be kept equal to the prior's."""
+        x = x.to(self.device)
+        size = self.image_size
+        if tuple(x.shape[-2:]) != (size, size):
+            x = F.interpolate(x.float(), size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+        return x.to(self.dtype)
+
     @torch.no_grad()
     def encode_images(self, x: torch.Tensor) -> torch.Tensor:
-        """x in [-1, 1] -> z_0 = E(x): VAE posterior mean * scaling factor; identity in pixel space."""
-        x = x.to(self.device, self.dtype)
+        """x in [-1, 1] (any size: prepare_images) -> z_0 = E(x): VAE posterior mean * scaling factor;
+        identity in pixel space."""
+        x = self.prepare_images(x)
         if self.vae is None:
             return x
         chunks = [self.vae.encode(c).latent_dist.mean for c in x.split(self.vae_batch)]  # bounded VAE memory
@@ -266,51 +304,19 @@ def save_components(folder: Path, tokenizer, text_encoder, unet, scheduler, vae=
     (folder / "model_index.json").write_text(json.dumps(index, indent=2))
 
 
-def _load_components(src: str, local: bool, device, dtype) -> Prior:
+def load_components(source: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Prior:
+    """A Prior from an SD-1.5-layout folder or hub id, each component through its class's from_pretrained.
+    A local folder has a VAE when it has vae/; a hub SD pipeline always has one."""
     from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
     from transformers import AutoTokenizer, CLIPTextModel
 
+    src = str(source)
     unet = UNet2DConditionModel.from_pretrained(src, subfolder="unet", dtype=dtype)
     text_encoder = CLIPTextModel.from_pretrained(src, subfolder="text_encoder", dtype=dtype)
     tokenizer = AutoTokenizer.from_pretrained(src, subfolder="tokenizer")
     raw = DDIMScheduler.load_config(src, subfolder="scheduler")  # the file as written (PNDM for SD-1.5)
     scheduler = DDIMScheduler.from_config(raw, clip_sample=bool(raw.get("clip_sample", False)))
-    has_vae = (Path(src) / "vae").is_dir() if local else True  # a hub SD pipeline always has vae/
+    # from_pretrained itself takes an existing folder before a hub id: the same test here
+    has_vae = (Path(src) / "vae").is_dir() if Path(src).is_dir() else True
     vae = AutoencoderKL.from_pretrained(src, subfolder="vae", dtype=dtype) if has_vae else None
     return Prior(tokenizer, text_encoder, unet, scheduler, vae, device=device, dtype=dtype, source=src)
-
-
-def load_prior(name_or_path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
-               *, dataset: str | None = None, cache_dir: str | Path | None = None, build: bool = False) -> Prior:
-    """Load a prior from a Hugging Face id, a local SD-1.5-layout folder, or `tiny` / `tiny:<dataset>`.
-
-    `tiny` uses `dataset` (default digit-styles) and resolves to its cache folder (tiny_prior.py);
-    when that folder is missing it is built if `build`, else a ValueError says how to build it.
-    """
-    spec = str(name_or_path)
-    allowed = ("allowed: 'tiny', 'tiny:<dataset>', a local folder with unet/, text_encoder/, tokenizer/, "
-               "scheduler/ (vae/ optional), or a Hugging Face id such as 'runwayml/stable-diffusion-v1-5'")
-    if spec == "tiny" or spec.startswith("tiny:"):
-        from .tiny_prior import build_tiny_prior, tiny_prior_path
-
-        ds = spec.partition(":")[2] or dataset or DEFAULT_TINY_DATASET
-        folder = tiny_prior_path(ds, cache_dir=cache_dir)
-        if not folder.is_dir():
-            if not build:
-                raise ValueError(f"prior={spec!r}: the tiny prior for dataset {ds!r} is not built yet at {folder}; "
-                                 f"build it with `python -m fedapp.models.tiny_prior --dataset {ds}`")
-            folder = build_tiny_prior(ds, cache_dir=cache_dir)
-        return _load_components(str(folder), True, device, dtype)
-    path = Path(spec).expanduser()
-    if path.is_dir():
-        missing = [s for s in ("unet", "text_encoder", "tokenizer", "scheduler") if not (path / s).is_dir()]
-        if missing:
-            raise ValueError(f"prior={spec!r}: folder lacks {', '.join(m + '/' for m in missing)}; {allowed}")
-        return _load_components(str(path), True, device, dtype)
-    if spec.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
-        raise ValueError(f"prior={spec!r}: no such folder and not a known name; {allowed}")
-    try:
-        return _load_components(spec, False, device, dtype)
-    except (OSError, ValueError) as e:  # hub unreachable, unknown repo, not an SD layout
-        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        raise ValueError(f"prior={spec!r}: could not load it from the Hugging Face hub ({first}); {allowed}") from e

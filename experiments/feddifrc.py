@@ -1,14 +1,14 @@
-"""FedDifRC table: `python -m fedapp.experiments feddifrc [--seeds 0,1,2] [--splits ...] [--rounds N] [--methods ...]`.
+"""FedDifRC table: `python -m experiments feddifrc [--seeds 0,1,2] [--splits ...] [--rounds N] [--methods ...] [--out docs]`.
 
 digits, 10 clients, Dirichlet alpha in {0.05, 0.2, 0.5} and a pathological split (2 classes per
 client); FedAvg, FedProx, MOON, FedDifRC with TDCL only, with NDCR only, and with both. A cell is
 the mean over the last 5 rounds of the global test accuracy, mean ± std over seeds. Writes
-docs/feddifrc.json (every curve) and docs/feddifrc_rounds.png (accuracy per round).
+<out>/feddifrc.json (every curve) and <out>/feddifrc_rounds.png (accuracy per round); --out defaults to docs.
 
 Backends. `--backend ray` runs every cell through `fedapp.simulate` (Flower's Ray simulation).
-`--backend inprocess` (default) replaces only the transport: an in-process Grid hands each Message
-to the ClientApp's own dispatch function (`fedapp.client_app.handle`) with a per-node Flower Context
-whose state persists across rounds, one client after another, and the server side is the unchanged
+`--backend inprocess` (default) runs it through `fedapp.simulation.simulate_in_process`: only the
+transport differs (an InProcessGrid hands each message to the ClientApp's handler on a per-node Flower
+Context whose state persists across rounds, one client after another); the server side is the same
 `fedapp.server_app.run_server` (strategy, Flower's FedAvg loop and aggregation, validation, metering).
 It saves Ray's start-up (~15 s a run) and lets the diffusion features be shared by the three FedDifRC
 rows of a cell (clients.feddifrc.SHARE_RAW_FEATURES: raw UNet features per image and prompt).
@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from experiments.common import BACKENDS, check_configs, prog, quiet_logs, run
 from fedapp.results import atomic_write_json
 
 SPLITS = {
@@ -66,53 +67,11 @@ def uses_prior(method: str) -> bool:
     return METHODS[method][1]["method"] == "feddifrc"
 
 
-class InProcessGrid:
-    """The part of Flower's Grid that fedapp's server uses (get_node_ids, send_and_receive), serving
-    each Message with `fedapp.client_app.handle` on a per-node Context (state kept across rounds).
-    A handler's exception becomes an error reply, as Flower's ClientApp would send. Replies come back
-    in node order."""
-
-    def __init__(self, num_nodes: int):
-        from flwr.app import Context, RecordDict
-        from flwr.common.constant import SUPERLINK_NODE_ID
-        from flwr.supercore.task_identity import TaskIdentity
-
-        if TaskIdentity._run_id is None:  # what Flower's ServerApp runtime sets before a ServerApp runs
-            TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 0, SUPERLINK_NODE_ID
-        self.nodes = {1000 + i: Context(run_id=0, node_id=1000 + i, node_config={
-            "partition-id": i, "num-partitions": num_nodes}, state=RecordDict(), run_config={})
-            for i in range(num_nodes)}
-
-    def get_node_ids(self) -> list[int]:
-        return list(self.nodes)
-
-    def send_and_receive(self, messages, *, timeout: float | None = None) -> list:
-        from flwr.app import Error, Message
-
-        from fedapp.client_app import handle
-
-        replies = []
-        # node order, not Flower's random.sample order: the float sum of the aggregation then does not
-        # depend on the order, and a cell is reproducible (non-IID FedAvg amplifies the last-bit noise)
-        for msg in sorted(messages, key=lambda m: m.metadata.dst_node_id):
-            try:
-                replies.append(handle(msg, self.nodes[msg.metadata.dst_node_id]))
-            except Exception as err:  # noqa: BLE001 - recorded by the server like a remote failure
-                replies.append(Message(Error(code=0, reason=f"{type(err).__name__}: {err}"), reply_to=msg))
-        return replies
-
-
-def run_cell(flat: dict[str, Any], num_clients: int, backend: str) -> dict[str, Any]:
-    """One simulation; returns its summary.json (the run folder has metrics.jsonl)."""
-    if backend == "ray":
-        import fedapp
-
-        return fedapp.simulate(flat, num_clients=num_clients)
-    from fedapp.config import all_defaults, normalize_keys
-    from fedapp.server_app import run_server
-
-    full = {**all_defaults(), **normalize_keys(flat)}
-    return run_server(InProcessGrid(num_clients), full)
+def cell_config(a: argparse.Namespace, seed: int, split: str, method: str) -> dict[str, Any]:
+    return {"dataset": a.dataset, "num-server-rounds": a.rounds, "local-epochs": a.local_epochs, "lr": a.lr,
+            "batch-size": a.batch_size, "seed": seed, "prior": a.prior, "min-clients": 2, "partitioner.per-class": 0,
+            "device": "cpu", "out-dir": a.runs_dir, "run-name": f"{method}-{split}-s{seed}", **SPLITS[split],
+            **METHODS[method][1]}
 
 
 def curve(summary: dict[str, Any]) -> list[float]:
@@ -172,20 +131,8 @@ def plot(results: dict[str, Any], splits: list[str], methods: list[str], path: P
     plt.close(fig)
 
 
-def quiet_logs() -> None:
-    """Warnings only from Flower's and fedapp's loggers (a line per round and client otherwise)."""
-    import logging
-
-    for name in ("flwr", "fedapp"):
-        lg = logging.getLogger(name)
-        if name == "fedapp" and not lg.handlers:  # server_app would add an INFO handler
-            lg.addHandler(logging.StreamHandler())
-            lg.propagate = False
-        lg.setLevel(logging.WARNING)
-
-
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="python -m fedapp.experiments feddifrc", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog=prog("feddifrc"), description=__doc__.split("\n")[0])
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--splits", default=",".join(SPLITS), help=f"subset of {','.join(SPLITS)}")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS), help=f"subset of {','.join(METHODS)}")
@@ -196,7 +143,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--dataset", default="digits")
     p.add_argument("--prior", default="tiny", help="the frozen prior FedDifRC reads (default: the tiny digits prior)")
-    p.add_argument("--backend", choices=("inprocess", "ray"), default="inprocess")
+    p.add_argument("--backend", choices=BACKENDS, default="inprocess")
     p.add_argument("--runs-dir", default="runs/feddifrc-table")
     p.add_argument("--out", default="docs", help="folder for feddifrc.json and feddifrc_rounds.png")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
@@ -215,6 +162,7 @@ def main(argv: list[str]) -> None:
         bad = [v for v in given if v not in allowed]
         if bad:
             raise SystemExit(f"--{key}={','.join(bad)}: must be among {','.join(allowed)}")
+    check_configs([cell_config(a, seeds[0], s, m) for s in splits for m in methods], a.clients)
     out = Path(a.out)
     json_path = out / "feddifrc.json"
     setup = {"dataset": a.dataset, "clients": a.clients, "rounds": a.rounds, "local_epochs": a.local_epochs,
@@ -231,12 +179,8 @@ def main(argv: list[str]) -> None:
                 done = results.get(s, {}).get(m, {}).get(str(seed))
                 if done is not None and (not uses_prior(m) or done.get("prior") == a.prior):
                     continue  # measured under this setup (and, for FedDifRC rows, with this prior)
-                flat = {"dataset": a.dataset, "num-server-rounds": a.rounds, "local-epochs": a.local_epochs,
-                        "lr": a.lr, "batch-size": a.batch_size,
-                        "seed": seed, "prior": a.prior, "min-clients": 2, "partitioner.per-class": 0, "device": "cpu",
-                        "out-dir": a.runs_dir, "run-name": f"{m}-{s}-s{seed}", **SPLITS[s], **METHODS[m][1]}
                 t0 = time.time()
-                summary = run_cell(flat, a.clients, a.backend)
+                summary = run(cell_config(a, seed, s, m), a.clients, a.backend)
                 row = {"curve": curve(summary), "seconds": round(time.time() - t0, 1),
                        "failures": len(summary.get("failures", []))}
                 if uses_prior(m):

@@ -1,10 +1,12 @@
-"""`python -m fedapp.experiments pfdm`: PFDM against its baselines on colored-digits (minority partitioner).
+"""`python -m experiments pfdm`: PFDM against its baselines on colored-digits (minority partitioner).
 
 Prints client 0's majority/minority/mean Frechet distance (reference-classifier features, not Inception
 FID) for centralized-ddpm, fedavg-ddpm, local-only and pfdm, and the attack figures; writes
-docs/pfdm.json, per-client sample grids under docs/pfdm_grids/, and docs/pfdm_scaling.png: client 0's
+<out>/pfdm.json, per-client sample grids under <out>/pfdm_grids/, and <out>/pfdm_scaling.png: client 0's
 minority distance of the private model alone (non-collaborative) minus PFDM's, as the number of clients
 grows (total data fixed: the pool is split over more clients). Results are written after every run.
+Every run is a Ray simulation (`fedapp.simulate`; --backend inprocess: fedapp.simulation.simulate_in_process)
+whose folder goes under --runs; --out defaults to docs.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ import shutil
 import time
 from pathlib import Path
 
+from experiments.common import BACKENDS, check_configs, prog, run
 from fedapp.results import atomic_write_json
 
 TABLE_METHODS = ("centralized-ddpm", "fedavg-ddpm", "local-only", "pfdm")
@@ -33,17 +36,15 @@ KEEP = ("majority_distance", "minority_distance", "mean_distance", "sample_accur
 def config(args, method: str) -> dict:
     return {"method": method, "dataset": "colored-digits", "partitioner": "minority", "partitioner.per-class": 0,
             "image-size": args.image_size,
-            "seed": args.seed, "out-dir": args.out, "min-clients": 2, "num-server-rounds": args.rounds,
+            "seed": args.seed, "out-dir": args.runs, "min-clients": 2, "num-server-rounds": args.rounds,
             "pfdm.local-steps": args.steps, "pfdm.shared-steps": args.steps, "pfdm.samples": args.samples,
             "pfdm.sample-steps": args.sample_steps, "pfdm.attack-samples": args.attack_samples,
             "pfdm.channels": args.channels, "pfdm.epsilon": args.epsilon}
 
 
 def run_one(args, method: str, clients: int) -> dict:
-    import fedapp
-
     t = time.time()
-    s = fedapp.simulate(config(args, method), num_clients=clients)
+    s = run(config(args, method), clients, args.backend)
     row = {k: v for k, v in s["metrics"].items() if k in KEEP}
     row.update({"method": method, "clients": clients, "wall_seconds": round(time.time() - t, 1),
                 "run_dir": s["run_dir"], "privacy": s.get("privacy")})
@@ -102,7 +103,7 @@ def plot_scaling(scaling: list[dict], path: Path) -> None:
 
 
 def main(argv: list[str]) -> None:
-    ap = argparse.ArgumentParser(prog="python -m fedapp.experiments pfdm")
+    ap = argparse.ArgumentParser(prog=prog("pfdm"), description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=4, help="clients of the main table")
     ap.add_argument("--scaling", default="2,4,8", help="client counts of the scaling plot (pfdm runs)")
     ap.add_argument("--steps", type=int, default=400, help="pfdm.local-steps = pfdm.shared-steps")
@@ -115,24 +116,31 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--image-size", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--methods", default=",".join(TABLE_METHODS))
-    ap.add_argument("--out", default="runs/pfdm-experiment")
-    ap.add_argument("--docs", default="docs")
+    ap.add_argument("--runs", default="runs/pfdm-experiment", help="folder of the runs' own folders")
+    ap.add_argument("--out", default="docs", help="folder for pfdm.json, pfdm_grids/ and pfdm_scaling.png")
+    ap.add_argument("--backend", choices=BACKENDS, default="ray",
+                    help="ray: fedapp.simulate; inprocess: fedapp.simulation.simulate_in_process (no Ray start-up)")
     args = ap.parse_args(argv)
-    docs = Path(args.docs)
+    methods = args.methods.split(",")
+    scaling = [int(c) for c in args.scaling.split(",") if c]
+    check_configs([config(args, m) for m in methods], args.clients)
+    for n in scaling:
+        check_configs([config(args, "pfdm")], n)
+    docs = Path(args.out)
     docs.mkdir(parents=True, exist_ok=True)
     result = {"settings": vars(args), "paper": PAPER, "table": [], "scaling": []}
 
     def save():
         atomic_write_json(docs / "pfdm.json", result)
 
-    for method in args.methods.split(","):
+    for method in methods:
         row = run_one(args, method, args.clients)
         copy_grids(row, docs / "pfdm_grids")
         result["table"].append(row)
         save()
     result["table_markdown"] = print_table(result["table"])
     save()
-    for n in [int(c) for c in args.scaling.split(",") if c]:
+    for n in scaling:
         done = [r for r in result["table"] if r["method"] == "pfdm" and r["clients"] == n]
         row = done[0] if done else run_one(args, "pfdm", n)
         result["scaling"].append(row)

@@ -1,25 +1,42 @@
-"""DDIM and Z-sampling loops over a `Prior` (prior.py), in the style of a diffusers scheduler module.
+"""DDIM and Z-sampling loops over a `Prior` (pipeline.py), in the manner of a diffusers scheduler module.
 
-Notation (Song et al., DDIM, ICLR 2021; Espresso, CVPR 2026):
-  abar_t                 cumulative product of (1 - beta) at timestep t (prior.alphas_cumprod[t])
-  eps~(z, t, c; gamma)   classifier-free guidance: eps(z,t,∅) + gamma (eps(z,t,c) - eps(z,t,∅))
-  DDIM step  t -> t'     x0 = (z_t - sqrt(1-abar_t) eps) / sqrt(abar_t);  z_t' = sqrt(abar_t') x0 + sqrt(1-abar_t') eps
-  DDIM inversion t' -> t the same two lines with t and t' swapped, eps evaluated at (z_t', t')
+The loops only call the prior's noise prediction and its two one-step updates (Prior.ddim_step,
+Prior.ddim_invert_step), so one set of equations serves every prior, pixel or latent.
 
-Z-sampling (zigzag, Bai et al. 2025, used by Espresso with T_z = 800, gamma1 > gamma2): at every
-step whose timestep t > T_z,
-  z~_{t-1} = DDIM(z_t;      eps~(., gamma1))     denoise with strong guidance
-  z~_t     = DDIM^-1(z~_{t-1}; eps~(., gamma2))  invert one step with weak guidance
-  z_{t-1}  = DDIM(z~_t;     eps~(., gamma1))     denoise again
+Notation (<name in code> -> <symbol in the papers>)
+  - prior.alphas_cumprod[t]         -> abar_t = prod_{s<=t} (1 - beta_s); abar at t < 0 is final_alpha_cumprod
+  - z, z_t                          -> the sample at timestep t (a latent, or pixels without a VAE)
+  - eps                             -> eps_theta(z_t, t, c), the predicted noise (v / x0 nets are converted)
+  - x0                              -> f_theta(z_t, t), the "predicted x_0" of DDIM Eq. (12)
+  - guidance, guidance1 / gamma1    -> gamma of classifier-free guidance (Ho & Salimans 2022, gamma = 1 + w)
+  - guidance2 / gamma2              -> the weaker gamma of Z-sampling's inversion step
+  - zigzag_t                        -> T_z: Z-sampling zigzags only on timesteps t > T_z (Espresso: 800)
+  - stride                          -> num_train_timesteps // num_steps, so t_prev = t - stride
+
+One DDIM step t -> t_prev (Song et al., DDIM, ICLR 2021), as Prior.ddim_step computes it:
+  1. eps~ = eps(z_t, t, ∅) + gamma (eps(z_t, t, c) - eps(z_t, t, ∅))      guidance (Prior.predict_noise)
+  2. x0 = (z_t - sqrt(1 - abar_t) eps~) / sqrt(abar_t)                    "predicted x_0", Eq. (12)
+  3. x0 is clipped to [-r, r] only when the prior's scheduler config clips
+  4. sigma_t = 0: eta = 0 in Eq. (16), the deterministic sampler
+  5. z_{t_prev} = sqrt(abar_{t_prev}) x0 + sqrt(1 - abar_{t_prev}) eps~    Eq. (12) without its noise term
+
+One DDIM inversion step t_prev -> t (Prior.ddim_invert_step): steps 2 and 5 with t and t_prev
+swapped, eps~ evaluated at (z_{t_prev}, t_prev) (it stands in for the unknown eps at (z_t, t)), no clipping.
+
+Z-sampling (zigzag; Bai et al. 2025, used by Espresso with T_z = 800 and gamma1 > gamma2), on every
+step whose timestep t > T_z:
+  1. z~_{t_prev} = DDIM(z_t; eps~(., gamma1))              denoise with strong guidance
+  2. z~_t        = DDIM^-1(z~_{t_prev}; eps~(., gamma2))   invert one step with weak guidance
+  3. z_{t_prev}  = DDIM(z~_t; eps~(., gamma1))             denoise again
 The gap delta_gamma = gamma1 - gamma2 injects the condition's semantics into z~_t each zigzag.
-Steps with t <= T_z are plain DDIM steps. T_z >= T turns Z-sampling into DDIM.
+Steps with t <= T_z are plain DDIM steps; T_z >= T turns Z-sampling into DDIM.
 """
 
 from __future__ import annotations
 
 import torch
 
-DEFAULT_GUIDANCE = 3.0  # gamma1: best of 1..5 for the tiny digit-styles prior (79.5% vs 75.5% at 4); SD: ~7.5
+DEFAULT_GUIDANCE = 3.0  # gamma1: the best of 1..5 for the tiny digit-styles prior (docs/tiny_prior.md); SD uses ~7.5
 DEFAULT_GAMMA2 = 0.0  # gamma2 of the inversion step (Z-sampling paper: unconditional inversion)
 DEFAULT_ZIGZAG_T = 800  # T_z (Espresso)
 
@@ -60,7 +77,7 @@ def expected_unet_evals(
 @torch.no_grad()
 def ddim_loop(prior, z: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor | None, num_steps: int,
               guidance: float) -> torch.Tensor:
-    """Deterministic DDIM (eta = 0) from z_T to z_0."""
+    """Deterministic DDIM (eta = 0) from z_T to z_0: steps 1-5 of the module docstring per timestep."""
     stride = prior.num_train_timesteps // num_steps
     for t in prior.timesteps(num_steps).tolist():
         eps = prior.predict_noise(z, t, cond, guidance, uncond)
@@ -77,12 +94,12 @@ def zigzag_loop(prior, z: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor
         t_prev = t - stride
         if t > zigzag_t:
             eps = prior.predict_noise(z, t, cond, guidance1, uncond)
-            z_tilde_prev = prior.ddim_step(z, eps, t, t_prev)  # z~_{t-1}, gamma1
+            z_tilde_prev = prior.ddim_step(z, eps, t, t_prev)  # 1. z~_{t-1}, gamma1
             # inversion evaluates eps at (z~_{t-1}, t-1); the clean end (t_prev < 0) uses timestep 0
             eps = prior.predict_noise(z_tilde_prev, max(t_prev, 0), cond, guidance2, uncond)
-            z = prior.ddim_invert_step(z_tilde_prev, eps, t_prev, t)  # z~_t, gamma2
+            z = prior.ddim_invert_step(z_tilde_prev, eps, t_prev, t)  # 2. z~_t, gamma2
         eps = prior.predict_noise(z, t, cond, guidance1, uncond)
-        z = prior.ddim_step(z, eps, t, t_prev)  # z_{t-1}, gamma1
+        z = prior.ddim_step(z, eps, t, t_prev)  # 3. z_{t-1}, gamma1
     return z
 
 

@@ -1,26 +1,25 @@
 """Espresso's component ablation (paper Fig. 4) on digit-styles, domain partitioner:
 Prompts-only, class-embed (FedDEO-like, extra row), C, C+G, C+Z, C+G+Z and the centralized ceiling,
 over several seeds; prints the paper-style table (per-domain and average accuracy, mean ± std),
-writes docs/espresso_ablation.json, docs/espresso_ablation.png and docs/espresso_synthetic_<domain>.png.
+writes <out>/espresso_ablation.json, <out>/espresso_ablation.png and <out>/espresso_synthetic_<domain>.png
+(--out defaults to docs).
 
-    python -m fedapp.experiments espresso-ablation [--seeds 0 1 2] [--set espresso.steps=10 ...]
+    python -m experiments espresso-ablation [--seeds 0 1 2] [--set espresso.steps=10 ...]
 
-How it runs: in one process, without Flower messaging, but through the functions the protocol
-calls. Per seed, each client's upload is computed once per kind of client work with the function
-the `train` handler calls (clients.espresso.espresso_upload, with the client's seed from
-ClientContext.seed_for), round-tripped through an ArrayRecord and checked with the strategy's
-validate_upload: one "prompts" pass (class counts only), one "class" pass (one learned condition
-per class) and one "cluster" pass (J conditions per class + the GMM). The G and Z switches only
-change the server side, so C, C+G, C+Z and C+G+Z share the cluster pass, and the server side is the
-strategy's own synthesize_client -> train_global_classifier -> accuracy_by_group. The ceiling is
-strategies.centralized (an oracle on the union of the clients' real shards), trained for
-server-epochs x ratio epochs so that it sees as many minibatches as a synthetic row.
+How it runs: every row is a run config executed by the real strategy through
+`fedapp.simulation.simulate_in_process` (the server's run_server, the clients' handlers in this
+process): Prompts-only = method `prompts`, class-embed = `class-embed`, C / C+G / C+Z / C+G+Z =
+`espresso` with espresso.init gaussian|gmm and espresso.sampler ddim|zigzag, Ceiling = `centralized`
+(an oracle on the union of the clients' real shards) trained for server-epochs x ratio epochs so that
+it sees as many minibatches as a synthetic row. The rows of a seed share one ReplyCache: the sampler
+only changes the server side (espresso.SERVER_ONLY_KEYS), so C+Z reuses C's client replies and C+G+Z
+reuses C+G's. Accuracies come from each run's summary.json; the fidelity readers (--fidelity) and the
+image grids read the synthetic set each run writes (espresso.save-synthetic: synthetic.safetensors).
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import time
 from pathlib import Path
@@ -29,50 +28,34 @@ from typing import Any
 import numpy as np
 import torch
 
+from experiments.common import check_configs, config_errors_exit, parse_set, prog, quiet_logs
 from fedapp.results import atomic_write_json
 
-ROWS = [  # name, client pass, server switches (conditions, init, sampler)
+ROWS = [  # name, method, switches (conditions, init, sampler); None: the oracle ceiling
     ("Prompts-only", "prompts", ("prompts", "gaussian", "ddim")),
-    ("class-embed", "class", ("class", "gaussian", "ddim")),
-    ("C", "cluster", ("cluster", "gaussian", "ddim")),
-    ("C+G", "cluster", ("cluster", "gmm", "ddim")),
-    ("C+Z", "cluster", ("cluster", "gaussian", "zigzag")),
-    ("C+G+Z", "cluster", ("cluster", "gmm", "zigzag")),
-    ("Ceiling", None, None),
+    ("class-embed", "class-embed", ("class", "gaussian", "ddim")),
+    ("C", "espresso", ("cluster", "gaussian", "ddim")),
+    ("C+G", "espresso", ("cluster", "gmm", "ddim")),
+    ("C+Z", "espresso", ("cluster", "gaussian", "zigzag")),
+    ("C+G+Z", "espresso", ("cluster", "gmm", "zigzag")),
+    ("Ceiling", "centralized", None),
 ]
+PANELS = ("Prompts-only", "C+G+Z")  # the synthetic columns of the image grids
 PAPER_DOMAINNET = {"Prompts-only": 64.00, "C": 73.46, "C+G": 73.72, "C+Z": 74.26, "C+G+Z": 75.32, "Ceiling": 80.16}
 
 
-def base_config(seed: int, clients: int, per_class: int, overrides: dict[str, Any]):
-    from fedapp.config import all_defaults, parse_run_config
+def base_config(seed: int, args, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The seed's settings every row shares (the run-config overrides of --set on top)."""
+    return {"method": "espresso", "dataset": "digit-styles", "partitioner.name": "domain",
+            "partitioner.per-class": args.per_class, "seed": seed, "min-clients": args.clients,
+            "out-dir": args.runs, **overrides}
 
-    flat = {**all_defaults(), "method": "espresso", "dataset": "digit-styles", "partitioner.name": "domain",
-            "partitioner.per-class": per_class, "seed": seed, **overrides}
-    return parse_run_config(flat)
 
+def parsed(flat: dict[str, Any], clients: int):
+    from fedapp.config import parse_run_config
+    from fedapp.simulation import resolve_run_config
 
-def client_uploads(cfg, prior, shards, kind: str) -> list[dict[str, torch.Tensor]]:
-    """Every client's validated upload for one kind of client work (prompts | class | cluster)."""
-    from flwr.app import ArrayRecord, RecordDict
-
-    from clients.espresso import espresso_upload
-    from fedapp.client_context import ClientContext
-    from fedapp.models.text import class_prompts
-    from strategies.espresso import UPLOAD_KEY, upload_tensors, validate_upload
-
-    opts = dataclasses.replace(cfg.options, conditions=kind, init="gmm" if kind == "cluster" else "gaussian")
-    out = []
-    for pid, shard in enumerate(shards):
-        ctx = ClientContext(cfg=cfg, partition_id=pid, num_partitions=len(shards))
-        up = espresso_upload(prior, shard.train.x, shard.train.y, num_classes=shard.info.num_classes,
-                             prompts=class_prompts(cfg.dataset, shard.info.class_names), opts=opts,
-                             seed=ctx.seed_for(0))
-        rec = RecordDict({UPLOAD_KEY: ArrayRecord(up)})
-        why = validate_upload(rec, opts=opts, num_classes=shard.info.num_classes, cond_shape=prior.cond_shape,
-                              latent_dim=int(np.prod(prior.latent_shape)))
-        assert why is None, why
-        out.append(upload_tensors(rec[UPLOAD_KEY]))
-    return out
+    return parse_run_config(resolve_run_config(flat, clients)[0])
 
 
 def ceiling_epochs(cfg) -> int:
@@ -80,12 +63,39 @@ def ceiling_epochs(cfg) -> int:
     return max(1, round(cfg.server_epochs * cfg.options.ratio))
 
 
-def evaluate(model, server) -> dict[str, Any]:
-    from fedapp.metrics import accuracy_by_group
+def row_config(name: str, seed: int, args, overrides: dict[str, Any]) -> dict[str, Any]:
+    """The run config of one row: the seed's settings with the row's method and switches pinned."""
+    method, switches = next((m, sw) for n, m, sw in ROWS if n == name)
+    flat = {**base_config(seed, args, overrides), "method": method,
+            "run-name": f"{name.lower().replace('+', '-')}-s{seed}"}
+    if method == "espresso":
+        flat.update(zip(("espresso.conditions", "espresso.init", "espresso.sampler"), switches))
+    if method == "centralized":
+        flat["server-epochs"] = ceiling_epochs(parsed(base_config(seed, args, overrides), args.clients))
+    else:
+        flat["espresso.save-synthetic"] = True
+    return flat
 
-    m = accuracy_by_group(model.cpu(), server.test, server.info)
-    m["mean_domain_accuracy"] = float(np.mean(list(m["domain_accuracy"].values())))
-    return m
+
+def synthetic_set(run_dir: str) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
+    """partition id -> (x, y) of the synthetic images the run trained on (its synthetic.safetensors)."""
+    from safetensors.torch import load_file
+
+    from fedapp.protocols.espresso import SYNTHETIC_FILE
+
+    path = Path(run_dir) / SYNTHETIC_FILE
+    if not path.is_file():
+        raise RuntimeError(f"{path} is missing: the Espresso strategy writes it when espresso.save-synthetic = true")
+    t = load_file(str(path))
+    return {int(pid): (t["x"][t["client"] == pid], t["y"][t["client"] == pid]) for pid in t["client"].unique()}
+
+
+def accuracies(summary: dict[str, Any]) -> dict[str, Any]:
+    """The row's figures from summary.json: global test accuracy, per domain, their mean, the training set size."""
+    m = summary["metrics"]
+    return {"accuracy": m["accuracy"], "domain_accuracy": m["domain_accuracy"],
+            "mean_domain_accuracy": float(np.mean(list(m["domain_accuracy"].values()))),
+            "num_train": m["num_train"] if m.get("oracle") else m["num_synthetic"]}
 
 
 def fidelity_readers(server, seed: int, epochs: int = 40) -> dict[str, Any]:
@@ -116,56 +126,40 @@ def fidelity(readers: dict[str, Any], synth: list[tuple[torch.Tensor, torch.Tens
 
 
 def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> tuple[dict, dict]:
-    from feddata import load_client_shard, load_server_data
-    from fedapp.models.text import class_prompts
-    from strategies.centralized import union_of_client_shards
-    from strategies.espresso import derive_seed, load_server_prior, synthesize_client, train_global_classifier
+    from fedapp.data import all_client_shards, server_data
+    from fedapp.simulation import ReplyCache, simulate_in_process
 
-    cfg = base_config(seed, args.clients, args.per_class, overrides)
-    device = cfg.torch_device()
-    prior = load_server_prior(cfg.prior, cfg.dataset, device)
-    server = load_server_data(cfg.dataset, cfg.partitioner, cfg.partitioner_params, seed, args.clients,
-                              image_size=cfg.image_size)
-    shards = [load_client_shard(cfg.dataset, cfg.partitioner, cfg.partitioner_params, seed, pid, args.clients,
-                                image_size=cfg.image_size) for pid in range(args.clients)]
-    prompt_cond = prior.encode_prompts(class_prompts(cfg.dataset, server.info.class_names)).float().cpu()
-    results, uploads, images, seconds = {}, {}, {}, {}
+    cfg = parsed(base_config(seed, args, overrides), args.clients)
+    server = server_data(cfg, args.clients)
+    shards = all_client_shards(cfg, args.clients)  # ORACLE, for the diagnostics: readers' truth, real panels
+    domains = list(server.info.attributes["domain"])
+    domain_ids = [domains.index(s.meta["domain"]) for s in shards]
     readers = fidelity_readers(server, seed, args.reader_epochs) if args.fidelity else None
-    domain_ids = [server.info.attributes["domain"].index(s.meta["domain"]) for s in shards]
-    for name, kind, switches in ROWS:
+    cache = ReplyCache()  # the rows of a seed reuse each other's client replies where the client work is the same
+    results, images, seconds = {}, {}, {}
+    for name, method, _ in ROWS:
         if name not in args.rows:
             continue
         t0 = time.time()
-        if kind is None:  # the oracle ceiling
-            x, y = union_of_client_shards(cfg, args.clients)
-            synth = [(sh.train.x, sh.train.y) for sh in shards]  # what the fidelity readers read: real data
+        hits, misses = cache.hits, cache.misses
+        summary = simulate_in_process(row_config(name, seed, args, overrides), args.clients, reply_cache=cache)
+        results[name] = accuracies(summary)
+        if method == "centralized":
+            synth = {pid: (sh.train.x, sh.train.y) for pid, sh in enumerate(shards)}  # what it trained on: real data
+        elif readers is not None or (keep_images and name in PANELS):
+            synth = synthetic_set(summary["run_dir"])
         else:
-            if kind not in uploads:
-                t1 = time.time()
-                uploads[kind] = client_uploads(cfg, prior, shards, kind)
-                seconds[f"clients-{kind}"] = round(time.time() - t1, 1)
-                print(f"  seed {seed}: client pass '{kind}' {seconds[f'clients-{kind}']} s", flush=True)
-            opts = dataclasses.replace(cfg.options, **dict(zip(("conditions", "init", "sampler"), switches)))
-            xs, ys = [], []
-            for pid, u in enumerate(uploads[kind]):
-                x, y, _ = synthesize_client(prior, u, opts, prompt_cond, derive_seed(seed, pid))
-                xs.append(x)
-                ys.append(y)
-                if keep_images:
-                    images[(name, shards[pid].meta["domain"])] = (x, y)
-            synth = list(zip(xs, ys))
-            x, y = torch.cat(xs), torch.cat(ys)
-        t_synth = time.time() - t0
-        # the ceiling trains for as many minibatches as the synthetic rows: |D'| = ratio x |D|
-        epochs = cfg.server_epochs if kind is not None else ceiling_epochs(cfg)
-        model = train_global_classifier(cfg.model, x, y, server.info.num_classes, epochs=epochs,
-                                        seed=seed, device=device)
-        results[name] = {**evaluate(model, server), "num_train": len(x)}
+            synth = {}
         if readers is not None:
-            results[name].update(fidelity(readers, synth, domain_ids))
-        seconds[name] = {"data": round(t_synth, 1), "classifier": round(time.time() - t0 - t_synth, 1)}
+            pids = sorted(synth)
+            results[name].update(fidelity(readers, [synth[p] for p in pids], [domain_ids[p] for p in pids]))
+        if keep_images and name in PANELS:
+            images.update({(name, shards[p].meta["domain"]): xy for p, xy in synth.items()})
+        seconds[name] = {"wall": round(time.time() - t0, 1), **summary["phase_seconds"],
+                         "client_calls_reused": cache.hits - hits, "client_calls_run": cache.misses - misses}
         print(f"  seed {seed}: {name:12s} mean-domain acc {results[name]['mean_domain_accuracy']:.4f} "
-              f"({seconds[name]['data']} s data, {seconds[name]['classifier']} s classifier)", flush=True)
+              f"({seconds[name]['wall']} s; client calls: {seconds[name]['client_calls_run']} run, "
+              f"{seconds[name]['client_calls_reused']} reused)", flush=True)
     if keep_images:
         images["real"] = {s.meta["domain"]: (s.train.x, s.train.y) for s in shards}
     out = {"results": results, "seconds": seconds}
@@ -177,6 +171,7 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
 def timed_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> tuple[int, dict, dict]:
     if args.threads:  # again: a spawned worker starts with torch's default
         torch.set_num_threads(args.threads)
+    quiet_logs()
     t0 = time.time()
     print(f"seed {seed}", flush=True)
     res, images = run_seed(seed, args, overrides, keep_images)
@@ -265,13 +260,13 @@ def bar_chart(summary: dict, domains: list[str], path: Path) -> None:
 
 
 def image_grids(images: dict, num_classes: int, out: Path, panels=("Prompts-only", "C+G+Z")) -> list[str]:
-    """docs/espresso_synthetic_<domain>.png: real training images | Prompts-only | C+G+Z (rows = classes)."""
+    """<out>/espresso_synthetic_<domain>.png: real training images | Prompts-only | C+G+Z (rows = classes)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    from strategies.espresso import synthetic_grid
+    from fedapp.images import synthetic_grid
 
     def grid(x, y, cols=6):
         g = synthetic_grid(x, y, num_classes, cols)
@@ -295,26 +290,17 @@ def image_grids(images: dict, num_classes: int, out: Path, panels=("Prompts-only
     return written
 
 
-def parse_set(items: list[str]) -> dict[str, Any]:
-    out = {}
-    for item in items:
-        key, _, value = item.partition("=")
-        try:
-            out[key] = json.loads(value)
-        except json.JSONDecodeError:
-            out[key] = value
-    return out
-
-
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog="python -m fedapp.experiments espresso-ablation", description=__doc__,
+    p = argparse.ArgumentParser(prog=prog("espresso-ablation"), description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--per-class", type=int, default=16)
-    p.add_argument("--rows", nargs="+", default=[n for n, _, _ in ROWS], help="subset of rows")
+    p.add_argument("--rows", nargs="+", default=[n for n, _, _ in ROWS], choices=[n for n, _, _ in ROWS],
+                   help="subset of rows")
     p.add_argument("--set", nargs="*", default=[], help="run-config overrides, e.g. espresso.steps=10 model=resnet18")
-    p.add_argument("--out", default="docs")
+    p.add_argument("--out", default="docs", help="folder for the JSON and PNGs")
+    p.add_argument("--runs", default="runs/espresso-ablation", help="folder of the runs' own folders")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--resume", action="store_true", help="skip seeds already in the JSON file")
     p.add_argument("--fidelity", action="store_true",
@@ -322,16 +308,20 @@ def main(argv: list[str]) -> None:
     p.add_argument("--reader-epochs", type=int, default=40, help="epochs of the --fidelity readers")
     p.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (use with --threads 1)")
     a = p.parse_args(argv)
+    overrides = parse_set(a.set)
+    with config_errors_exit():  # the ceiling's row reads the run config
+        configs = [row_config(n, s, a, overrides) for s in a.seeds for n in a.rows]
+    check_configs(configs, a.clients)
     if a.threads:
         torch.set_num_threads(a.threads)
+    quiet_logs()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    overrides = parse_set(a.set)
     path = out / "espresso_ablation.json"
     per_seed: dict[str, dict] = {}
     if a.resume and path.is_file():
         per_seed = json.loads(path.read_text()).get("per_seed", {})
-    cfg = base_config(a.seeds[0], a.clients, a.per_class, overrides)
+    cfg = parsed(row_config("C+G+Z", a.seeds[0], a, overrides), a.clients)
     from feddata import dataset_info
 
     info = dataset_info(cfg.dataset, image_size=cfg.image_size)
@@ -343,16 +333,17 @@ def main(argv: list[str]) -> None:
         if images:
             image_grids(images, info.num_classes, out)
         md, summary = table(per_seed, domains)
-        opts = {k: v for k, v in cfg.flat().items() if k.startswith("espresso.") or k in
-                ("model", "server-epochs", "prior", "image-size")}
+        opts = {k: v for k, v in cfg.flat().items() if k.startswith("espresso.") and k != "espresso.save-synthetic"
+                or k in ("model", "server-epochs", "prior", "image-size")}
         atomic_write_json(path, {
             "setting": {"dataset": cfg.dataset, "partitioner": "domain", "clients": a.clients,
                         "per-class": a.per_class, "seeds": a.seeds, "config": opts,
                         "ceiling_epochs": ceiling_epochs(cfg)},
-            "how": "one process per seed (--jobs); client uploads from clients.espresso.espresso_upload (one pass per kind: "
-                   "prompts, class, cluster), validated by strategies.espresso.validate_upload; server side "
-                   "strategies.espresso.synthesize_client + train_global_classifier; ceiling = "
-                   "strategies.centralized.union_of_client_shards (oracle)",
+            "how": "one process per seed (--jobs); each row a run of the real strategy (prompts, class-embed, espresso "
+                   "with init/sampler switches, centralized = oracle ceiling) through "
+                   "fedapp.simulation.simulate_in_process, the seed's rows sharing one ReplyCache (rows that differ "
+                   "only in server-side keys reuse the clients' replies); accuracies from each run's summary.json, "
+                   "fidelity from its synthetic.safetensors",
             "accuracy": "percent on the server's global test set; avg = mean over the four domains",
             "summary": summary, "table_markdown": md, "fidelity_markdown": fidelity_table(per_seed),
             "per_seed": per_seed,

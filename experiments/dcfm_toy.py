@@ -1,16 +1,18 @@
 """The DCFM paper's 2-D toy: a Gaussian mixture with a horizontal (left/right) and a vertical (down/up)
 attribute, two clients, and the pair (right, up) on no client.
 
-    python -m fedapp.experiments dcfm-toy        # -> docs/dcfm_toy.png, docs/dcfm_toy.json
+    python -m experiments dcfm-toy [--out docs]        # -> <out>/dcfm_toy.png, <out>/dcfm_toy.json
 
 Client 0 holds (left, down) and (left, up); client 1 holds (left, down) and (right, down). Each method
 is asked for (right, up); the figure shows where its samples land, and `mode_share` is the share of
-samples within distance 1 of the missing mode's centre (2, 2). Runs in process (no Ray): the same client
-functions as the image experiment (clients/dcfm.py) on the MLP VelocityNet.
+samples within distance 1 of the missing mode's centre (2, 2). Not a federated run: a 2-D toy that calls
+the same math as the image experiment (clients/dcfm.py's expert training, the server's replay buffer,
+teacher targets and student distillation) directly, on the MLP VelocityNet.
 """
 
 from __future__ import annotations
 
+import argparse
 import copy
 import json
 import sys
@@ -22,6 +24,7 @@ import torch
 from clients.dcfm import train_expert
 from fedapp.models.compose import composite_field, generate, joint_field, mixture_composite
 from fedapp.models.flow import VelocityNet
+from experiments.common import prog
 from fedapp.results import atomic_write_json
 
 CENTRE = 2.0  # modes at (±2, ±2)
@@ -136,15 +139,39 @@ def plot(res: dict, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
+METHODS = ("fedflow", "dcfm-a", "dcfm-b")
+
+
 def main(argv: list[str]) -> None:
-    torch.set_num_threads(1)
+    p = argparse.ArgumentParser(prog=prog("dcfm-toy"), description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=int, default=400, help="Stage I steps per expert (fedflow: over all rounds)")
+    p.add_argument("--fl-rounds", type=int, default=20, help="fedflow's FedAvg rounds")
+    p.add_argument("--distill-steps", type=int, default=800, help="DCFM-B: student steps")
+    p.add_argument("--rounds", type=int, default=2, help="DCFM-A: peer-CI rounds")
+    p.add_argument("--peer-steps", type=int, default=200, help="DCFM-A: steps per expert per round")
+    p.add_argument("--points", type=int, default=256, help="points per (horizontal, vertical) pair and client")
+    p.add_argument("--lambda-ci", type=float, default=1.0)
+    p.add_argument("--lambda-student", type=float, default=5.0)
+    p.add_argument("--samples", type=int, default=512, help="samples of (right, up) per method")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {','.join(METHODS)}")
+    p.add_argument("--out", default="docs", help="folder for dcfm_toy.png and dcfm_toy.json")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    a = p.parse_args(argv)
+    methods = tuple(a.methods.split(","))
+    bad = [m for m in methods if m not in METHODS]
+    if bad:
+        raise SystemExit(f"--methods={','.join(bad)}: must be among {','.join(METHODS)}")
+    torch.set_num_threads(a.threads)
     t0 = time.time()
-    settings = dict(steps=400, fl_rounds=20, distill_steps=800, rounds=2, peer_steps=200, lambda_ci=1.0,
-                    lambda_student=5.0, methods=("fedflow", "dcfm-a", "dcfm-b"))
+    settings = dict(steps=a.steps, fl_rounds=a.fl_rounds, distill_steps=a.distill_steps, rounds=a.rounds,
+                    peer_steps=a.peer_steps, n=a.points, lambda_ci=a.lambda_ci, lambda_student=a.lambda_student,
+                    samples=a.samples, seed=a.seed, methods=methods)
     res = run_toy(**settings)
-    plot(res, Path("docs/dcfm_toy.png"))
+    out = Path(a.out)
+    plot(res, out / "dcfm_toy.png")
     info = {"mode_share": res["mode_share"], "seconds": round(time.time() - t0, 1), "settings": settings}
-    atomic_write_json(Path("docs/dcfm_toy.json"), info)
+    atomic_write_json(out / "dcfm_toy.json", info)
     print(json.dumps(info, indent=2))
 
 

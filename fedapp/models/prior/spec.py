@@ -1,0 +1,105 @@
+"""Prior specs: the one place that knows what the `prior` config key may name.
+
+Three kinds:
+  - `tiny` / `tiny:<dataset>`: the built-in tiny prior of that dataset (default: the run's dataset,
+    else digit-styles), found in its content-addressed cache folder and built there on request;
+  - a local folder in the SD-1.5 layout (unet/, text_encoder/, tokenizer/, scheduler/, vae/ optional);
+  - a Hugging Face hub id of an SD-1.5-layout pipeline ("owner/name").
+resolve_prior says which kind a spec is and where it lives, without loading anything; load_prior
+loads it through pipeline.load_components; load_or_build_prior is the server's variant, which
+builds a missing tiny prior. The tiny package is imported only when a spec names it.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .pipeline import Prior, load_components
+
+log = logging.getLogger("fedapp")
+
+ALLOWED = ("allowed: 'tiny', 'tiny:<dataset>', a local folder with unet/, text_encoder/, tokenizer/, "
+           "scheduler/ (vae/ optional), or a Hugging Face id such as 'runwayml/stable-diffusion-v1-5'")
+REQUIRED = ("unet", "text_encoder", "tokenizer", "scheduler")  # vae/ is optional: pixel space without it
+
+
+@dataclass(frozen=True)
+class PriorSource:
+    kind: str  # "tiny", "folder" or "hub"
+    location: str  # the folder (tiny: its cache folder, which may not be built yet) or the hub id
+    dataset: str | None = None  # tiny: the dataset it is trained on
+
+    @property
+    def folder(self) -> Path | None:
+        """The local folder the prior loads from (and whose weights can be shipped); None for a hub id."""
+        return None if self.kind == "hub" else Path(self.location)
+
+
+def is_tiny(spec: str | Path) -> bool:
+    return str(spec) == "tiny" or str(spec).startswith("tiny:")
+
+
+def resolve_prior(spec: str | Path, dataset: str | None = None, cache_dir: str | Path | None = None) -> PriorSource:
+    """Which kind of prior `spec` names and where it is; a ValueError (listing what is allowed) when it is
+    none of them. Nothing is loaded or built; a tiny prior's folder may not exist yet."""
+    spec = str(spec)
+    if is_tiny(spec):
+        from .tiny import DEFAULT_DATASET, tiny_prior_path
+
+        ds = spec.partition(":")[2] or dataset or DEFAULT_DATASET
+        return PriorSource("tiny", str(tiny_prior_path(ds, cache_dir=cache_dir)), ds)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        missing = [s for s in REQUIRED if not (path / s).is_dir()]
+        if missing:
+            raise ValueError(f"prior={spec!r}: folder lacks {', '.join(m + '/' for m in missing)}; {ALLOWED}")
+        return PriorSource("folder", str(path))
+    # a path-like spec that is no folder is a typo, not a hub id: say so rather than ask the hub
+    if spec.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
+        raise ValueError(f"prior={spec!r}: no such folder and not a known name; {ALLOWED}")
+    return PriorSource("hub", spec)
+
+
+def prior_folder(spec: str | Path, dataset: str | None) -> Path | None:
+    """The local folder the prior loads from (so its weights can be shipped), None for a hub id."""
+    return resolve_prior(spec, dataset).folder
+
+
+def load_prior(name_or_path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
+               *, dataset: str | None = None, cache_dir: str | Path | None = None, build: bool = False) -> Prior:
+    """Load a prior from a Hugging Face id, a local SD-1.5-layout folder, or `tiny` / `tiny:<dataset>`.
+
+    `tiny` uses `dataset` (default digit-styles) and resolves to its cache folder (tiny/cache.py);
+    when that folder is missing it is built if `build`, else a ValueError says how to build it.
+    """
+    spec = str(name_or_path)
+    src = resolve_prior(spec, dataset, cache_dir)
+    if src.kind == "tiny" and not src.folder.is_dir():
+        if not build:
+            raise ValueError(f"prior={spec!r}: the tiny prior for dataset {src.dataset!r} is not built yet at "
+                             f"{src.folder}; build it with `python -m fedapp.models.prior.tiny --dataset {src.dataset}`")
+        from .tiny import build_tiny_prior
+
+        build_tiny_prior(src.dataset, cache_dir=cache_dir)
+    if src.kind != "hub":
+        return load_components(src.location, device, dtype)
+    try:
+        return load_components(src.location, device, dtype)
+    except (OSError, ValueError) as e:  # hub unreachable, unknown repo, not an SD layout
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise ValueError(f"prior={spec!r}: could not load it from the Hugging Face hub ({first}); {ALLOWED}") from e
+
+
+def load_or_build_prior(spec: str | Path, dataset: str | None, device: str | torch.device = "cpu",
+                        dtype: torch.dtype = torch.float32) -> Prior:
+    """load_prior for whoever may train: the built-in tiny prior is built (once, cached) when missing, with a
+    log line, since the build takes minutes."""
+    src = resolve_prior(spec, dataset)
+    if src.kind == "tiny" and not (src.folder / "prior_meta.json").is_file():
+        log.info("building the tiny prior for %s (once; cached for later runs)", src.dataset)
+    return load_prior(spec, device, dtype, dataset=dataset, build=src.kind == "tiny")

@@ -1,0 +1,22 @@
+"""The built-in tiny prior: a pixel-space text-to-image diffusion model in the SD-1.5 layout.
+
+A word-level tokenizer over the prompt vocabulary, a small CLIPTextModel and a small
+UNet2DConditionModel (modules.py, sized by config.py), trained jointly on a dataset's public split
+(train.py) and saved into a content-addressed cache folder (cache.py), so that
+`load_prior("tiny:<dataset>")` loads it through the same from_pretrained code that loads Stable
+Diffusion. evaluate.py measures it; `python -m fedapp.models.prior.tiny --dataset digit-styles`
+builds and evaluates it. docs/tiny_prior.md has what was measured to arrive at the recipe.
+
+This package knows nothing of prior specs (`tiny`, folders, hub ids): spec.py resolves those and
+calls in here to build.
+"""
+
+from .cache import cache_root, tiny_prior_path
+from .config import CODE_VERSION, DEFAULT_DATASET, DEFAULT_STEPS, TEST_CONFIG, TinyPriorConfig
+from .evaluate import evaluate_tiny_prior
+from .modules import build_modules, build_tokenizer, random_tiny_prior
+from .train import build_tiny_prior, public_data, train_tiny_prior
+
+__all__ = ["CODE_VERSION", "DEFAULT_DATASET", "DEFAULT_STEPS", "TEST_CONFIG", "TinyPriorConfig", "build_modules",
+           "build_tiny_prior", "build_tokenizer", "cache_root", "evaluate_tiny_prior", "public_data",
+           "random_tiny_prior", "tiny_prior_path", "train_tiny_prior"]

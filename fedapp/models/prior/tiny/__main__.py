@@ -1,0 +1,94 @@
+"""Build (cached) and evaluate the built-in tiny prior:
+
+    python -m fedapp.models.prior.tiny --dataset digit-styles    # build (cached) + evaluate
+    python -m fedapp.models.prior.tiny --dataset digits --no-eval --set lr=3e-3
+
+Writes the prior into its cache folder, its measured figures into prior_meta.json there and, unless
+--docs '', the sample grid and figures into docs/tiny_prior_<dataset>.png/.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import shutil
+import time
+from pathlib import Path
+
+import torch
+
+from .cache import write_json
+from .config import DEFAULT_DATASET, DEFAULT_STEPS, TinyPriorConfig
+from .evaluate import evaluate_tiny_prior
+from .train import build_tiny_prior
+
+
+def parse_overrides(items: list[str]) -> TinyPriorConfig:
+    """["lr=3e-3", "block_out_channels=32,64,64"] -> TinyPriorConfig with those fields replaced."""
+    base = TinyPriorConfig()
+    changes = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        if key not in {f.name for f in dataclasses.fields(base)}:
+            raise ValueError(f"--set {item!r}: unknown key; allowed {[f.name for f in dataclasses.fields(base)]}")
+        old = getattr(base, key)
+        if isinstance(old, tuple):
+            changes[key] = tuple(type(old[0])(v) if old else v for v in value.split(",") if v)
+        elif isinstance(old, bool):
+            changes[key] = value.lower() in ("1", "true", "yes")
+        else:
+            changes[key] = type(old)(value)
+    return dataclasses.replace(base, **changes)
+
+
+def auto_threads() -> int:
+    """Torch threads for CPU training: all cores, but 1 when other processes already load the machine
+    (OpenMP threads on oversubscribed cores slow a step down many times over; docs/tiny_prior.md)."""
+    cores = os.cpu_count() or 1
+    try:
+        busy = os.getloadavg()[0]
+    except OSError:
+        busy = 0.0
+    return 1 if busy > cores - 0.5 else cores
+
+
+def main(argv: list[str] | None = None) -> None:
+    p = argparse.ArgumentParser(prog="python -m fedapp.models.prior.tiny",
+                                description="Build (cached) and evaluate the built-in tiny prior.")
+    p.add_argument("--dataset", default=DEFAULT_DATASET)
+    p.add_argument("--image-size", type=int, default=16)
+    p.add_argument("--steps", type=int, default=DEFAULT_STEPS)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--cache-dir", default=None)
+    p.add_argument("--docs", default="docs", help="folder for the sample grid and figures ('' to skip)")
+    p.add_argument("--no-eval", action="store_true")
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: auto from the load)")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="override TinyPriorConfig fields (tuning), e.g. --set lr=3e-3 batch_size=128")
+    a = p.parse_args(argv)
+    config = parse_overrides(a.set)
+    torch.set_num_threads(a.threads or auto_threads())
+    print(f"torch threads: {torch.get_num_threads()} (load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores)")
+    t0 = time.time()
+    folder = build_tiny_prior(a.dataset, a.image_size, a.steps, a.seed, a.cache_dir, config=config)
+    build_seconds = time.time() - t0
+    print(f"prior: {folder} ({build_seconds:.0f} s this call)")
+    if a.no_eval:
+        return
+    meta = json.loads((folder / "prior_meta.json").read_text())
+    meta.update(evaluate_tiny_prior(folder, a.dataset, seed=a.seed))
+    write_json(folder / "prior_meta.json", meta)
+    print(f"train {meta['seconds']} s, {meta['steps']} steps, final loss {meta['final_loss']}; "
+          f"sample accuracy {meta['sample_accuracy']:.1%} at guidance {meta['sample_guidance']} "
+          "(by guidance: " + ", ".join(f"{g}: {v['accuracy']:.1%}" for g, v in meta["accuracy_by_guidance"].items()) + ")")
+    if a.docs:
+        docs = Path(a.docs)
+        docs.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(folder / "samples.png", docs / f"tiny_prior_{a.dataset}.png")
+        write_json(docs / f"tiny_prior_{a.dataset}.json", {"folder": folder.name, **meta})
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,74 @@
+"""Where built priors live: a content-addressed folder per build, `<root>/<dataset>-<key>`.
+
+The key hashes everything a build depends on (config, dataset, image size, steps, seed, CODE_VERSION,
+replacement data), so a changed recipe lands in a new folder and an old folder is never reused for
+it. The key's bytes must stay as they are: existing caches (and the folder names the docs cite)
+resolve only while the same facts hash to the same digest.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from dataclasses import asdict
+from pathlib import Path
+from typing import Callable
+
+import torch
+
+from .config import CODE_VERSION, DEFAULT_STEPS, TinyPriorConfig
+
+
+def cache_root(cache_dir: str | Path | None = None) -> Path:
+    """Folder holding prior folders: cache_dir, else $FEDAPP_CACHE/priors, else ~/.cache/fedapp/priors."""
+    if cache_dir is not None:
+        return Path(cache_dir).expanduser()
+    return Path(os.environ.get("FEDAPP_CACHE", "~/.cache/fedapp")).expanduser() / "priors"
+
+
+def _key(dataset: str, image_size: int, steps: int, seed: int, config: TinyPriorConfig, data_hash: str = "") -> str:
+    facts = {"config": asdict(config), "dataset": dataset, "image_size": image_size, "steps": steps, "seed": seed,
+             "code": CODE_VERSION, "data": data_hash}
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def hash_data(x: torch.Tensor, y: torch.Tensor, class_names: list[str]) -> str:
+    """12 hex digits of the data's contents, for builds on data other than feddata's public split."""
+    h = hashlib.sha256(x.contiguous().numpy().tobytes() + y.numpy().tobytes())
+    h.update("|".join(class_names).encode())
+    return h.hexdigest()[:12]
+
+
+def tiny_prior_path(dataset: str, image_size: int = 16, steps: int = DEFAULT_STEPS, seed: int = 0,
+                    cache_dir: str | Path | None = None, config: TinyPriorConfig | None = None,
+                    data_hash: str = "") -> Path:
+    """The cache folder `<root>/<dataset>-<hash>` of that build (it may not exist yet)."""
+    config = config or TinyPriorConfig()
+    return cache_root(cache_dir) / f"{dataset}-{_key(dataset, image_size, steps, seed, config, data_hash)}"
+
+
+def write_json(path: Path, obj) -> None:
+    """Write through a temporary file and a rename, so a reader never sees half a file."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(obj, indent=2))
+    os.replace(tmp, path)
+
+
+def publish(folder: Path, write: Callable[[Path], None]) -> Path:
+    """Fill a temporary sibling of `folder` with write(tmp), then rename it to `folder`: a reader sees the
+    whole folder or none, and when another process published it first, theirs is kept."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{folder.name}-", dir=folder.parent))
+    try:
+        write(tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    try:
+        os.replace(tmp, folder)
+    except OSError:  # another process won the race: keep theirs
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder

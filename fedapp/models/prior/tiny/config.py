@@ -1,0 +1,54 @@
+"""What a tiny prior is built from: architecture, schedule and training recipe, and the build's defaults.
+
+Every field enters the cache key (cache.py), so a field's name or default changes which folder a
+build lands in. docs/tiny_prior.md has the measurements behind the recipe's values.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+CODE_VERSION = "2"  # bump when training code changes what a cached prior contains
+DEFAULT_STEPS = 500
+DEFAULT_DATASET = "digit-styles"  # what `tiny` alone names
+
+
+@dataclass(frozen=True)
+class TinyPriorConfig:
+    # architecture (DESIGN: 16x16, blocks (32,64,64), cross-attention below full resolution, 4 heads)
+    block_out_channels: tuple[int, ...] = (32, 64, 64)
+    layers_per_block: int = 1
+    attention_heads: int = 4
+    norm_num_groups: int = 8
+    text_hidden: int = 64  # = cross_attention_dim
+    text_layers: int = 2
+    text_heads: int = 4
+    max_tokens: int = 8  # L: "<bos> a photo of the digit three <eos>"
+    # also pool the condition sequence into the time embedding (diffusers addition_embed_type="text",
+    # as in DeepFloyd IF): a global path for the class besides cross-attention
+    text_time_embedding: bool = True
+    # noise schedule and parametrisation: v on cosine betas, because eps on linear betas learned no class
+    beta_schedule: str = "squaredcos_cap_v2"  # or "linear" (beta_start..beta_end)
+    beta_start: float = 1e-4
+    beta_end: float = 0.02
+    prediction_type: str = "v_prediction"  # or "epsilon"
+    # training
+    batch_size: int = 64
+    lr: float = 2e-3
+    text_lr_mult: float = 0.1  # at the UNet's rate the jointly trained text encoder collapses all prompts
+    token_init_std: float = 1.0  # CLIP's 0.02 leaves the class token a whisper next to the positions
+    weight_decay: float = 0.01
+    warmup: float = 0.05  # share of steps with linear warm-up
+    # after warm-up: "constant" (the EMA averages the end) or "cosine" to 0; the class emerges late in
+    # training, and a decaying rate starves exactly that phase
+    lr_schedule: str = "constant"
+    ema_decay: float = 0.99
+    p_uncond: float = 0.1  # share of empty prompts (classifier-free guidance)
+    # t/T ~ sigmoid(N(0, 1)) (SD3's logit-normal): most steps at mid noise, where the class decides the shape
+    t_sampling: str = "logit_normal"  # or "uniform"
+    extra_words: tuple[str, ...] = field(default_factory=tuple)
+
+
+# A much smaller architecture for tests (a forward pass costs milliseconds).
+TEST_CONFIG = TinyPriorConfig(block_out_channels=(16, 32), attention_heads=2, text_hidden=32, text_layers=1,
+                              text_heads=2, batch_size=16)

@@ -1,0 +1,52 @@
+"""Message protocols: the one place a record key is spelled.
+
+Every method has a module here that both its server side (strategies/<m>.py) and its client side
+(clients/<m>.py) import: its options dataclass, its phases (message type, the records that go down
+and come up), its record keys, its upload schema and validation. This module holds what every
+protocol shares: the records every message carries and the `Phase` declaration.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RUN_KEY = "config"  # ConfigRecord on every message down: the resolved flat run config
+CLIENT_KEY = "client"  # ConfigRecord on every reply: who answered (partition-id, domain)
+METRICS_KEY = "metrics"  # MetricRecord on a reply
+ARRAYS_KEY = "arrays"  # ArrayRecord of model weights (Flower's FedAvg reads and writes this name)
+
+# Keys of RUN_KEY's ConfigRecord that Flower's own strategies add beside the run config.
+ROUND_KEY = "server-round"
+PROXIMAL_MU_KEY = "proximal-mu"
+FLOWER_CONFIG_KEYS = (ROUND_KEY, PROXIMAL_MU_KEY)
+
+# Keys of CLIENT_KEY's ConfigRecord and of METRICS_KEY's MetricRecord every method uses.
+PARTITION_KEY = "partition-id"
+DOMAIN_KEY = "domain"
+NUM_EXAMPLES_KEY = "num-examples"  # Flower's FedAvg weights uploads by this metric
+
+
+@dataclass(frozen=True)
+class Phase:
+    """One exchange of a protocol: a message type, the records that go down (besides RUN_KEY) and
+    the records a valid reply carries (besides CLIENT_KEY)."""
+
+    message_type: str  # Flower message type: "train", "evaluate" or "query.<name>"
+    down: tuple[str, ...]
+    up: tuple[str, ...]
+    doc: str = ""
+
+    @property
+    def name(self) -> str:
+        return self.message_type
+
+    def allows_down(self, key: str) -> bool:
+        """`down` lists record names; an entry ending in "." is a prefix ("peer." for "peer.3")."""
+        return any(key == d or (d.endswith(".") and key.startswith(d)) for d in self.down)
+
+
+# The evaluate exchange of every classification method: the global model down, accuracy up.
+EVALUATE = Phase("evaluate", down=(ARRAYS_KEY,), up=(METRICS_KEY,),
+                 doc="clients test the server's classifier on their real test split")
+LOSS_KEY, ACCURACY_KEY = "loss", "accuracy"  # evaluate metrics, besides NUM_EXAMPLES_KEY
+EVAL_METRICS = (LOSS_KEY, ACCURACY_KEY)

@@ -1,0 +1,111 @@
+"""DCFM's protocol (ICML 2026) and its composition baselines' (fedflow, ddm, local-only-flow).
+
+    train          down: PHASE_KEY {lambda, steps} (+ ARRAYS_KEY: the global model, fedflow's rounds)
+                   up:   EXPERT_KEY (the velocity net), COUNTS_KEY {pairs: n_a(y_1, y_2)}, metrics
+    query.peer     variant A's allgather: down "peer.<pid>" experts + "peer-counts.<pid>" counts of the
+                   N - 1 peers; up: the client's expert after L_peerCI training, its counts, metrics
+    query.receive  the result goes back: variant B's student (ARRAYS_KEY), or ddm's router (ROUTER_KEY)
+                   and the N - 1 peers; up: metrics (received)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flwr.app import ConfigRecord, RecordDict
+
+from fedapp.config import ConfigError, opt
+from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, Phase
+from fedapp.protocols.records import check_arrays
+
+NAMESPACE = "dcfm"
+ATTRS = ("digit", "color")  # the two attributes y = (y_1, y_2) of the composition data
+EXPERT_KEY = "expert"  # ArrayRecord: a velocity net's state dict
+COUNTS_KEY = "counts"  # ArrayRecord {PAIRS: (|Y_1|, |Y_2|) int64}: the client's label counts per pair
+PAIRS = "pairs"
+PEER_PREFIX = "peer."  # ArrayRecords "peer.<pid>" (allgather)
+PEER_COUNTS_PREFIX = "peer-counts."  # ArrayRecords "peer-counts.<pid>"
+PHASE_KEY = "dcfm-phase"  # ConfigRecord {LAMBDA, STEPS}: per-phase settings beside the run config
+LAMBDA, STEPS = "lambda", "steps"
+ROUTER_KEY = "router"  # ArrayRecord: ddm's router
+RECEIVED = "received"  # query.receive metric
+STATE_EXPERT = "dcfm-expert"  # node state: the client's own expert between rounds
+STATE_STUDENT = "dcfm-student"  # node state: variant B's student once received
+
+TRAIN = Phase("train", down=(PHASE_KEY, ARRAYS_KEY), up=(EXPERT_KEY, COUNTS_KEY, METRICS_KEY),
+              doc="Stage I expert (L_FM + lambda L_CI) or one fedflow local round from the global model")
+PEER = Phase("query.peer", down=(PEER_PREFIX, PEER_COUNTS_PREFIX), up=(EXPERT_KEY, COUNTS_KEY, METRICS_KEY),
+             doc="variant A: the expert trained with L_peerCI against the frozen peers")
+RECEIVE = Phase("query.receive", down=(ARRAYS_KEY, ROUTER_KEY, PEER_PREFIX), up=(METRICS_KEY,),
+                doc="the generator goes back to the clients")
+PHASES = (TRAIN, PEER, RECEIVE)
+
+
+@dataclass(frozen=True)
+class DcfmOptions:
+    variant: str = opt("b", choices=("a", "b"), help="a: peer-CI allgather rounds; b: distil one student")
+    pi_full: float = opt(0.5, low=0.0, help="pi_full: probability of the full label y in the mask m (eq. 8)")
+    pi_marg: float = opt(0.3, low=0.0, help="pi_marg: probability of one attribute y_i alone")
+    pi_uncond: float = opt(0.2, low=0.0, help="pi_uncond: probability of no label")
+    lambda_ci: float = opt(1.0, low=0.0, help="lambda: weight of L_CI / L_peerCI / L_studentCI")
+    rounds: int = opt(2, low=1, help="R: peer-CI allgather rounds of variant A (paper ~2)")
+    local_steps: int = opt(300, low=1, help="Stage I Adam steps per client (also DDM / local-only experts)")
+    peer_steps: int = opt(100, low=1, help="variant A: Adam steps per client per round")
+    distill_steps: int = opt(300, low=1, help="variant B: Adam steps of the student on the server")
+    lambda_student: float = opt(5.0, low=0.0, help="variant B: lambda of L_studentCI (eq. 17)")
+    student_pi_marg: float = opt(0.0, low=0.0, high=1.0,
+                                 help="variant B: share of replay queries with one attribute (target: the teachers' mixture)")
+    student_pi_uncond: float = opt(0.0, low=0.0, high=1.0,
+                                   help="variant B: share of replay queries with no label (target: the teachers' mixture)")
+    replay_paths: int = opt(256, low=1, help="variant B: synthetic replay paths (ODE trajectories of the teachers)")
+    path_steps: int = opt(8, low=1, help="variant B: Euler steps of each replay path (states kept per path)")
+    sample_steps: int = opt(16, low=1, help="Euler steps of every sampler")
+    samples_per_pair: int = opt(12, low=2, help="evaluation: samples per (digit, colour) pair")
+    lr: float = opt(2e-3, low=0.0, low_open=True, help="AdamW learning rate of experts, student, FedFlow")
+    width: int = opt(32, low=8, help="velocity UNet channels (width, 2 width)")
+    fl_local_steps: int = opt(20, low=1, help="fedflow: local steps per round (rounds = num-server-rounds)")
+    router_steps: int = opt(200, low=1, help="ddm: Adam steps of the router (x_t, t) -> expert")
+    ref_epochs: int = opt(8, low=1, help="epochs of the reference classifiers (digit, colour) on real data")
+
+    def __post_init__(self) -> None:
+        if self.pi_full + self.pi_marg + self.pi_uncond <= 0:
+            raise ConfigError("dcfm.pi-full + dcfm.pi-marg + dcfm.pi-uncond: must be > 0")
+        if self.student_pi_marg + self.student_pi_uncond > 1:
+            raise ConfigError(f"dcfm.student-pi-marg + dcfm.student-pi-uncond = "
+                              f"{self.student_pi_marg + self.student_pi_uncond}: must be <= 1")
+
+    @property
+    def pi(self) -> tuple[float, float, float]:
+        return self.pi_full, self.pi_marg, self.pi_uncond
+
+    @property
+    def student_pi(self) -> tuple[float, float, float]:
+        return 1.0 - self.student_pi_marg - self.student_pi_uncond, self.student_pi_marg, self.student_pi_uncond
+
+
+OPTIONS = DcfmOptions
+
+
+def phase_record(lambda_ci: float, steps: int | None = None) -> ConfigRecord:
+    """PHASE_KEY of a train message: lambda of L_CI (0: plain masked L_FM) and, for FedFlow's rounds,
+    the local steps (without it the client runs dcfm.local-steps)."""
+    rec = ConfigRecord({LAMBDA: float(lambda_ci)})
+    if steps is not None:
+        rec[STEPS] = steps
+    return rec
+
+
+def validate_expert(content: RecordDict, expected: dict[str, tuple], sizes: list[int],
+                    max_bytes: float | None) -> str | None:
+    """An expert upload: the velocity net's exact keys/shapes (finite), and integer, non-negative,
+    non-empty pair counts of shape (|Y_1|, |Y_2|)."""
+    why = check_arrays(content.array_records.get(EXPERT_KEY), expected, max_bytes)
+    if why is not None:
+        return why
+    why = check_arrays(content.array_records.get(COUNTS_KEY), {PAIRS: tuple(sizes)})
+    if why is not None:
+        return f"counts: {why}"
+    c = content.array_records[COUNTS_KEY][PAIRS].numpy()
+    if c.dtype.kind not in "iu" or (c < 0).any() or c.sum() == 0:
+        return "counts: not non-negative integers, or all zero"
+    return None

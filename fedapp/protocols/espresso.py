@@ -1,0 +1,155 @@
+"""Espresso's protocol (CVPR 2026): one upload per client, then one evaluation.
+
+    train     down: the run config (+ the prior's weights, PRIOR_KEY, when the server ships it)
+              up:   UPLOAD_KEY (conditions, cluster sizes, GMM of z^T, class counts) + metrics
+                    -- or REQUEST_KEY alone when the client cannot load the prior and may be sent it
+    evaluate  down: the global classifier   up: its accuracy on the client's real test split
+
+The upload's arrays (class_counts, embeddings, embedding_class, cluster_sizes, gmm_class,
+gmm_weights, gmm_means, gmm_variances) depend on the switches: `expected_shapes` is the schema and
+`validate_upload` the check every upload passes before the server synthesises from it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from flwr.app import RecordDict
+
+from fedapp.config import ConfigError, opt
+from fedapp.models.prior.samplers import DEFAULT_GAMMA2, DEFAULT_GUIDANCE, DEFAULT_ZIGZAG_T
+from fedapp.protocols import EVALUATE, METRICS_KEY, Phase
+from fedapp.protocols.records import check_arrays, check_integer, tensors_of
+
+NAMESPACE = "espresso"
+UPLOAD_KEY = "upload"  # ArrayRecord: the client's one upload
+PRIOR_KEY = "prior"  # ConfigRecord {PRIOR_BYTES: prior_to_bytes(folder)}: the prior shipped to clients
+PRIOR_BYTES = "bytes"
+REQUEST_KEY = "prior-request"  # ConfigRecord {NEEDS_PRIOR: True, REASON: why}: the client cannot load the prior
+NEEDS_PRIOR, REASON = "needs-prior", "reason"
+CLIENT_SECONDS = "client-seconds"  # train metric: seconds of the client's work
+NUM_CONDITIONS = "num-conditions"  # train metric
+
+TRAIN = Phase("train", down=(PRIOR_KEY,), up=(UPLOAD_KEY, METRICS_KEY),
+              doc="conditions + GMM + class counts up; the prior's weights down when shipped")
+PRIOR_REQUEST = Phase("train", down=(), up=(REQUEST_KEY,), doc="a client's answer when it lacks the prior")
+PHASES = (TRAIN, EVALUATE)
+# Run-config keys only the server reads (synthesis and its classifier): two runs that differ only in
+# these send the clients the same work, so an experiment may reuse the replies (fedapp.simulation).
+SERVER_ONLY_KEYS = frozenset({"espresso.sampler", "espresso.zigzag-t", "espresso.gamma1", "espresso.gamma2",
+                              "espresso.ratio", "espresso.synth-batch", "espresso.save-synthetic",
+                              "server-epochs", "run-name", "out-dir"})
+SYNTHETIC_FILE = "synthetic.safetensors"  # in the run folder, with espresso.save-synthetic
+
+
+@dataclass(frozen=True)
+class EspressoOptions:
+    clusters: int = opt(4, low=1, help="J: clusters (conditions) per class; min(J, n) for a class of n images")
+    gmm_components: int = opt(4, low=1, help="M: components of each class's diagonal GMM of z^T")
+    ratio: float = opt(5.0, low=0.0, low_open=True, help="synthetic images per real image, per client and class")
+    conditions: str = opt("cluster", choices=("prompts", "class", "cluster"),
+                          help="prompts: class prompt only; class: one learned condition per class; cluster: J per class (C)")
+    init: str = opt("gmm", choices=("gaussian", "gmm"), help="z^T from N(0, I) or from the client's GMM (G)")
+    sampler: str = opt("zigzag", choices=("ddim", "zigzag"), help="DDIM or Z-sampling (Z)")
+    zigzag_t: int = opt(DEFAULT_ZIGZAG_T, low=0, high=1000, help="T_z: zigzag on steps with t > T_z")
+    gamma1: float = opt(DEFAULT_GUIDANCE, low=0.0, help="guidance of the denoising steps (CFG vs the empty prompt)")
+    gamma2: float = opt(DEFAULT_GAMMA2, low=0.0, help="guidance of Z-sampling's inversion step (< gamma1)")
+    steps: int = opt(10, low=1, high=1000, help="DDIM steps of the server's sampler (10: one zigzag above T_z=800)")
+    embed_steps: int = opt(100, low=0, help="Adam steps of condition learning per client (all conditions together)")
+    embed_lr: float = opt(0.01, low=0.0, low_open=True, help="Adam learning rate of condition learning")
+    embed_batch: int = opt(32, low=1, help="minibatch of condition learning")
+    mixup_pairs: int = opt(64, low=1, help="MixUp'd latents per class for the GMM")
+    mixup_alpha: float = opt(1.0, low=0.0, low_open=True, help="MixUp lambda ~ Beta(alpha, alpha)")
+    diffusions_per_latent: int = opt(4, low=1, help="forward diffusions (fresh eps) of each MixUp'd latent")
+    features: str = opt("unet", help="clustering features: unet (the prior's DIFT features) or a DINOv2/CLIP id/folder")
+    synth_batch: int = opt(64, low=1, help="images per sampler call on the server")
+    ship_prior: str = opt("auto", choices=("auto", "always", "never"),
+                          help="send the prior's weights to clients: auto = for tiny, or when a client asks")
+    save_synthetic: bool = opt(False, help="also write the synthetic set to <run dir>/synthetic.safetensors "
+                                           "(x, y, client) for diagnostics")
+
+    def __post_init__(self) -> None:
+        if self.sampler == "zigzag" and not self.gamma2 < self.gamma1:
+            raise ConfigError(f"espresso.gamma2={self.gamma2!r}: must be < espresso.gamma1={self.gamma1!r} "
+                              "(Z-sampling injects semantics through gamma1 - gamma2)")
+        if self.mixup_pairs * self.diffusions_per_latent < self.gmm_components:
+            raise ConfigError(f"espresso.mixup-pairs={self.mixup_pairs!r}: mixup-pairs x diffusions-per-latent "
+                              f"must be >= espresso.gmm-components={self.gmm_components}")
+
+
+# ---- validation of an upload ---------------------------------------------------------------------
+def expected_shapes(opts: EspressoOptions, num_classes: int, cond_shape: tuple[int, int],
+                    latent_dim: int) -> dict[str, tuple]:
+    exp: dict[str, tuple] = {"class_counts": (num_classes,)}
+    if opts.conditions != "prompts":
+        exp.update(embeddings=(None, *cond_shape), embedding_class=(None,), cluster_sizes=(None,))
+    if opts.init == "gmm":
+        m = opts.gmm_components
+        exp.update(gmm_class=(None,), gmm_weights=(None, m), gmm_means=(None, m, latent_dim),
+                   gmm_variances=(None, m, latent_dim))
+    return exp
+
+
+def _check_conditions(u: dict[str, torch.Tensor], counts: torch.Tensor, per_class: int) -> str | None:
+    cls, sizes = u["embedding_class"], u["cluster_sizes"]
+    if not len(u["embeddings"]) == len(cls) == len(sizes):
+        return "embeddings, embedding_class and cluster_sizes differ in length"
+    if len(cls) and (cls.min() < 0 or cls.max() >= len(counts)):
+        return "embedding_class: class index out of range"
+    if len(sizes) and sizes.min() < 1:
+        return "cluster_sizes: a cluster with no images"
+    for c in range(len(counts)):
+        sel = cls == c
+        k, n = int(sel.sum()), int(counts[c])
+        if n == 0 and k:
+            return f"class {c}: conditions for a class with no images"
+        if n and not 1 <= k <= per_class:
+            return f"class {c}: {k} conditions, expected 1..{per_class}"
+        if n and int(sizes[sel].sum()) != n:
+            return f"class {c}: cluster sizes sum to {int(sizes[sel].sum())}, class count is {n}"
+    return None
+
+
+def _check_gmm(u: dict[str, torch.Tensor], counts: torch.Tensor) -> str | None:
+    cls, w, var = u["gmm_class"], u["gmm_weights"], u["gmm_variances"]
+    if not len(cls) == len(w) == len(u["gmm_means"]) == len(var):
+        return "gmm_* arrays differ in their number of classes"
+    if cls.tolist() != torch.nonzero(counts).flatten().tolist():
+        return "gmm_class: must list exactly the classes with images, in order"
+    if (w < 0).any() or ((w.sum(1) - 1).abs() > 1e-3).any():
+        return "gmm_weights: negative or not summing to 1"
+    if (var <= 0).any():
+        return "gmm_variances: not positive"
+    return None
+
+
+def validate_upload(content: RecordDict, *, opts: EspressoOptions, num_classes: int,
+                    cond_shape: tuple[int, int], latent_dim: int, max_bytes: float | None = None) -> str | None:
+    """Why an Espresso upload is unacceptable, or None: check_arrays (keys, shapes, numeric dtype,
+    finite, size), then integer counts, conditions consistent with the class counts (1..J per class
+    with images, cluster sizes summing to the count), GMM weights on the simplex, variances > 0."""
+    rec = content.array_records.get(UPLOAD_KEY)
+    why = check_arrays(rec, expected_shapes(opts, num_classes, cond_shape, latent_dim), max_bytes)
+    if why is not None:
+        return why
+    u = tensors_of(rec)
+    why = check_integer(u, "class_counts", "embedding_class", "cluster_sizes", "gmm_class")
+    if why is not None:
+        return why
+    counts = u["class_counts"]
+    if counts.min() < 0 or counts.sum() == 0:
+        return "class_counts: negative or all zero"
+    if opts.conditions != "prompts":
+        why = _check_conditions(u, counts, opts.clusters if opts.conditions == "cluster" else 1)
+    if why is None and opts.init == "gmm":
+        why = _check_gmm(u, counts)
+    return why
+
+
+def needs_prior(opts: EspressoOptions) -> bool:
+    """Prompts-only with Gaussian noise uploads class counts only: the client needs no prior."""
+    return opts.conditions != "prompts" or opts.init == "gmm"
+
+
+OPTIONS = EspressoOptions

@@ -1,0 +1,91 @@
+"""PFDM's protocol (CVPR 2026) and its generation baselines'.
+
+pfdm:
+    train         down: the run config   up: UPLOAD_KEY {X: x~ = sqrt(abar_t0) CLIP(x, C) + sqrt(1-abar_t0) z,
+                                          Y: labels} + metrics (num-examples, t0)
+    query.sample  down: SHARED_KEY (the shared denoiser z_w)   up: SAMPLES_KEY {X, Y, PRIVATE_ONLY}
+                  (evaluation only: the server scores the personalised samples)
+local-only:       query.sample  down: nothing   up: SAMPLES_KEY {X, Y}
+fedavg-ddpm:      train         down/up: the DDPM's weights (ARRAYS_KEY), as FedAvg's train phase
+                                (up also metrics: num-examples, train_loss)
+centralized-ddpm: no exchange (an oracle)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from flwr.app import RecordDict
+
+from fedapp.config import opt
+from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, Phase
+from fedapp.protocols.classify import validate_train
+from fedapp.protocols.records import check_arrays
+
+NAMESPACE = "pfdm"
+UPLOAD_KEY = "upload"  # ArrayRecord {x, y}: the local-DP release
+SHARED_KEY = "shared"  # ArrayRecord: z_w's weights
+SAMPLES_KEY = "samples"  # ArrayRecord {x, y[, private_only]}: generated images for scoring
+T0_METRIC = "t0"  # train metric: the level the client released at
+TRAIN_LOSS_METRIC = "train_loss"  # fedavg-ddpm train metric: the client's last loss
+STATE_PRIVATE = "pfdm.private"  # node state, never sent: the private denoiser's weights
+# Arrays inside UPLOAD_KEY and SAMPLES_KEY
+X, Y = "x", "y"  # images (N, C, H, W) and their integer class labels (N,)
+PRIVATE_ONLY = "private_only"  # SAMPLES_KEY of pfdm: the private denoiser's own samples T -> 0, for the same Y
+
+TRAIN = Phase("train", down=(), up=(UPLOAD_KEY, METRICS_KEY),
+              doc="private denoiser trained and kept; clipped, forward-diffused data released")
+SAMPLE = Phase("query.sample", down=(SHARED_KEY,), up=(SAMPLES_KEY,),
+               doc="shared T -> t0, private t0 -> 0; samples back for scoring")
+LOCAL_SAMPLE = Phase("query.sample", down=(), up=(SAMPLES_KEY,), doc="local-only: samples of the own DDPM")
+FEDAVG_TRAIN = Phase("train", down=(ARRAYS_KEY,), up=(ARRAYS_KEY, METRICS_KEY), doc="fedavg-ddpm round")
+PHASES = (TRAIN, SAMPLE, LOCAL_SAMPLE, FEDAVG_TRAIN)
+
+
+@dataclass(frozen=True)
+class PFDMOptions:
+    """Options of pfdm and its generation baselines (local-only, fedavg-ddpm, centralized-ddpm)."""
+
+    t0: int = opt(0, low=0, high=1000, help="forward-diffusion level of the upload; 0: smallest t0 meeting pfdm.epsilon")
+    epsilon: float = opt(10.0, low=0.0, low_open=True, help="target LDP epsilon (used when pfdm.t0 = 0)")
+    clip: float = opt(10.0, low=0.0, low_open=True, help="C: per-sample L2 clipping norm of the upload")
+    delta: float = opt(1e-5, low=0.0, low_open=True, high=0.5, help="LDP delta")
+    local_steps: int = opt(300, low=1, help="steps of each client's denoiser (private / local-only; fedavg-ddpm: in total over rounds)")
+    shared_steps: int = opt(300, low=1, help="steps of the server's shared denoiser (centralized-ddpm: its model)")
+    batch: int = opt(64, low=1)
+    lr: float = opt(2e-3, low=0.0, low_open=True, help="Adam learning rate of every denoiser")
+    channels: str = opt("16,32", help="UNet2DModel block widths, comma separated")
+    samples: int = opt(200, low=10, help="generated samples per client (balanced over classes) for the distances")
+    sample_steps: int = opt(50, low=2, help="DDIM steps T -> 0 (split at t0 in proportion for pfdm)")
+    attack_samples: int = opt(200, low=10, help="members and non-members per attack")
+    ref_epochs: int = opt(8, low=1, help="epochs of the reference classifier (SmallCNN on the server's public data)")
+
+
+OPTIONS = PFDMOptions
+
+
+def validate_upload(content: RecordDict, shape: tuple, num_classes: int, max_bytes: float | None) -> str | None:
+    """x~ of the data's shape, float and finite; integer labels in range, one per image."""
+    rec = content.array_records.get(UPLOAD_KEY)
+    reason = check_arrays(rec, {X: (None, *shape), Y: (None,)}, max_bytes)
+    if reason is None:
+        x, y = rec[X].numpy(), rec[Y].numpy()
+        if len(x) != len(y) or len(x) == 0:
+            reason = f"{len(x)} images but {len(y)} labels"
+        elif x.dtype.kind != "f" or y.dtype.kind not in "iu":
+            reason = "x must be float and y integer"
+        elif y.min() < 0 or y.max() >= num_classes:
+            reason = f"labels outside [0, {num_classes})"
+    return reason
+
+
+def validate_samples(content: RecordDict, shape: tuple, keys: tuple[str, ...] = (X, Y)) -> str | None:
+    """Samples for scoring: images of the data's shape, their labels (and the private-only images)."""
+    rec = content.array_records.get(SAMPLES_KEY)
+    images = {k: (None, *shape) for k in keys if k != Y}
+    return check_arrays(rec, {**images, Y: (None,)})
+
+
+def validate_fedavg_train(content: RecordDict, expected: dict[str, tuple], max_bytes: float | None) -> str | None:
+    """fedavg-ddpm's upload is FedAvg's: the global DDPM's exact keys and shapes, finite, a sane weight."""
+    return validate_train(content, expected, max_bytes)

@@ -1,0 +1,48 @@
+"""The state one run's server accumulates: config, run folder, byte ledger, failures, timings."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from fedapp.config import RunConfig
+from fedapp.results import CommLedger, RunDir
+
+log = logging.getLogger("fedapp")
+
+
+@dataclass
+class ServerRun:
+    """Per-run server state every strategy writes into."""
+
+    cfg: RunConfig
+    out: RunDir
+    ledger: CommLedger = field(default_factory=CommLedger)
+    failures: list[dict[str, Any]] = field(default_factory=list)
+    node_partition: dict[int, int] = field(default_factory=dict)
+    phase_seconds: dict[str, float] = field(default_factory=dict)
+    device: str = "cpu"
+
+    def fail(self, node_id: int, phase: str, reason: str) -> None:
+        pid = self.node_partition.get(node_id)
+        who = f"client {pid}" if pid is not None else f"node {node_id}"
+        log.warning("[%s] dropped %s: %s", phase, who, reason)
+        self.failures.append({"node_id": node_id, "partition_id": pid, "phase": phase, "reason": reason})
+
+    def add_seconds(self, phase: str, seconds: float) -> None:
+        self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + seconds
+
+    def client_label(self, node_id: int) -> str:
+        pid = self.node_partition.get(node_id)
+        return str(pid) if pid is not None else f"node-{node_id}"
+
+    def comm(self) -> dict[str, Any]:
+        """Byte totals; the ledger is keyed by node id, reported by partition id once known."""
+        totals = self.ledger.totals()
+        per = {}
+        for node, row in totals["per_client"].items():
+            label = self.client_label(int(node)) if node.isdigit() else node
+            per[label] = row
+        totals["per_client"] = per
+        return totals

@@ -1,0 +1,214 @@
+"""What DCFM and its baselines share on the server (protocol: fedapp/protocols/dcfm.py).
+
+- `FlowTask`: the composition data, the one velocity net every method trains (experts, DCFM-B's
+  student and FedFlow's global model have one shape, so one upload check and one model size).
+- `FlowEvaluation`: samples for every seen and every novel (digit, colour) pair from a method's
+  velocity field, read by reference classifiers trained on real data; model transfers counted from
+  the metered bytes. Held by composition, so that the phased methods and FedFlow's Flower round loop
+  end with the same figures.
+- `FlowStrategy`: the phased methods' base (dcfm, ddm, local-only-flow): Stage I and the experts it keeps.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import torch
+from flwr.app import ArrayRecord, Message, RecordDict
+
+from fedapp.config import ConfigError
+from fedapp.images import save_pair_grid
+from fedapp.models.compose import build_velocity, generate
+from fedapp.protocols import RUN_KEY
+from fedapp.protocols import dcfm as P
+from fedapp.protocols.records import partition_of, record_nbytes, run_config_record, tensors_of
+from fedapp.server import PhasedStrategy, ServerRun
+
+log = logging.getLogger("fedapp")
+
+# (requested labels y, part) -> the velocity field (x, t) -> v a method samples with; `part` lets
+# local-only-flow split the requests across its experts
+Sampler = Callable[[torch.Tensor, int], Callable]
+
+
+@contextmanager
+def timed(run: ServerRun, name: str) -> Iterator[None]:
+    """Wall time of one server phase into summary.json's phase_seconds."""
+    t0 = time.time()
+    yield
+    run.phase_seconds[name] = time.time() - t0
+
+
+class FlowTask:
+    """The composition data on the server and the velocity net every upload must match."""
+
+    def __init__(self, run: ServerRun, server):
+        cfg = run.cfg
+        if "novel_pairs" not in server.meta:
+            raise ConfigError(f"method={cfg.method!r} needs pairs of attributes: dataset=colored-digits with "
+                              f"partitioner=attribute-holdout (got {cfg.dataset}, {cfg.partitioner})")
+        self.run, self.server, self.opts = run, server, cfg.options
+        self.sizes = [len(server.info.attributes[a]) for a in P.ATTRS]
+        self.shape = (server.info.channels, cfg.image_size, cfg.image_size)
+        net = self.new_model()
+        self.expected = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+        # one model transfer = the serialised ArrayRecord of a velocity net, as the MeteredGrid counts it
+        self.model_bytes = record_nbytes(RecordDict({P.EXPERT_KEY: ArrayRecord(net.state_dict())}))
+
+    def new_model(self):
+        torch.manual_seed(self.run.cfg.seed)
+        return build_velocity(self.run.cfg.image_size, self.sizes, self.opts.width, self.server.info.channels)
+
+    def load(self, state: dict[str, torch.Tensor]):
+        m = self.new_model()
+        m.load_state_dict(state)
+        return m.to(self.run.device).eval().requires_grad_(False)
+
+    def validate(self, content: RecordDict) -> str | None:
+        """An expert upload (train, query.peer) against this run's velocity net."""
+        return P.validate_expert(content, self.expected, self.sizes, self.run.cfg.max_upload_mb * 2**20)
+
+
+class FlowEvaluation:
+    """The final figures of every composition method, from its sampler and the run's metered bytes."""
+
+    def __init__(self, run: ServerRun, task: FlowTask):
+        self.run, self.task, self.opts = run, task, task.opts
+
+    def reference_classifiers(self) -> dict[str, torch.nn.Module]:
+        """SmallCNNs for digit and for colour trained on the server's real public + test images.
+        (Not Inception: Frechet distances below are on these classifiers' features.)"""
+        from fedapp.models.classifier import SmallCNN, train_classifier
+
+        s = self.task.server
+        x = torch.cat([s.public.x, s.test.x]).float()
+        out = {}
+        for i, a in enumerate(P.ATTRS):
+            y = torch.cat([torch.as_tensor(s.public.attrs[a]), torch.as_tensor(s.test.attrs[a])]).long()
+            torch.manual_seed(self.run.cfg.seed + i)
+            out[a] = train_classifier(SmallCNN(self.task.sizes[i], in_ch=s.info.channels), x, y,
+                                      epochs=self.opts.ref_epochs, seed=self.run.cfg.seed + i)
+        return out
+
+    @torch.no_grad()
+    def generate_pairs(self, sampler: Sampler, parts: int, pairs: list[list[int]],
+                       seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+        n = self.opts.samples_per_pair
+        y = torch.tensor(pairs, dtype=torch.long).repeat_interleave(n, 0)
+        x = torch.zeros(len(y), *self.task.shape)
+        for p in range(parts):  # local-only: each expert answers every parts-th request
+            yp = y[p::parts]
+            if len(yp):
+                field = sampler(yp.to(self.run.device), p)
+                x[p::parts] = generate(field, (len(yp), *self.task.shape), self.opts.sample_steps, seed + p,
+                                       self.run.device).cpu()
+        return x, y
+
+    def evaluate(self, sampler: Sampler, parts: int = 1) -> dict[str, Any]:
+        from fedapp.metrics import composition_accuracy, frechet_distance
+        from fedapp.models.classifier import embed_all, predict
+
+        with timed(self.run, "evaluation"):
+            ref = self.reference_classifiers()
+            server = self.task.server
+            test = server.test
+            ty = torch.stack([torch.as_tensor(test.attrs[a]).long() for a in P.ATTRS], 1)
+            out: dict[str, Any] = {}
+            samples = {}
+            for kind in ("seen", "novel"):
+                pairs = server.meta[f"{kind}_pairs"]
+                x, y = self.generate_pairs(sampler, parts, pairs, self.run.cfg.seed + (0 if kind == "seen" else 1000))
+                samples[kind] = (x, y)
+                pred = [predict(ref[a], x) for a in P.ATTRS]
+                out[f"{kind}_composition_accuracy"] = composition_accuracy(pred[0], pred[1], y[:, 0], y[:, 1])
+                out[f"{kind}_digit_accuracy"] = float((pred[0] == y[:, 0]).float().mean())
+                out[f"{kind}_color_accuracy"] = float((pred[1] == y[:, 1]).float().mean())
+                pair_set = {tuple(p) for p in pairs}
+                real = torch.tensor([tuple(r) in pair_set for r in ty.tolist()])
+                # Frechet distance on the concatenated digit + colour reference features (not Inception)
+                fr = torch.cat([embed_all(ref[a], test.x[real].float()) for a in P.ATTRS], 1).numpy()
+                fg = torch.cat([embed_all(ref[a], x) for a in P.ATTRS], 1).numpy()
+                out[f"{kind}_distance"] = frechet_distance(fg, fr)
+            # digit x colour grid, one sample per cell; novel cells framed in white
+            save_pair_grid(samples, self.task.sizes, server.meta["novel_pairs"],
+                           self.run.out.path("images", "grid.png"))
+        return out
+
+    def comm_metrics(self) -> dict[str, Any]:
+        """Model transfers per client, counted from the metered messages: (bytes up + down) / model bytes."""
+        # the run config rides on every message down; it is not a model transfer
+        cfg_bytes = record_nbytes(RecordDict({RUN_KEY: run_config_record(self.run.cfg.flat())}))
+        per = self.run.comm()["per_client"]
+        model_bytes = self.task.model_bytes
+        transfers = {c: (r["up_bytes"] + r["down_bytes"] - r["messages_down"] * cfg_bytes) / model_bytes
+                     for c, r in per.items()}
+        vals = list(transfers.values()) or [0.0]
+        return {"model_bytes": model_bytes,
+                "model_transfers_per_client": round(sum(vals) / len(vals), 3),
+                "model_transfers_by_client": {c: round(v, 3) for c, v in sorted(transfers.items())}}
+
+    def finish(self, sampler: Sampler, extra: dict[str, Any], num_experts: int, parts: int = 1) -> dict[str, Any]:
+        """The summary's metrics: evaluation, the method's own figures, transfers; logged as the final row."""
+        metrics = {**self.evaluate(sampler, parts), **extra}
+        metrics.update(self.comm_metrics())
+        metrics["num_experts"] = num_experts
+        self.run.out.log_metrics({"phase": "final", **metrics})
+        log.info("[%s] seen acc %.3f novel acc %.3f seen FD %.2f novel FD %.2f, %.2f transfers/client",
+                 self.run.cfg.method, metrics["seen_composition_accuracy"], metrics["novel_composition_accuracy"],
+                 metrics["seen_distance"], metrics["novel_distance"], metrics["model_transfers_per_client"])
+        return metrics
+
+
+class FlowStrategy(PhasedStrategy):
+    """A phased composition method: Stage I experts, the method's own phases, the shared evaluation."""
+
+    phases: tuple = (P.TRAIN,)
+
+    def __init__(self, run: ServerRun):
+        super().__init__(run)
+        self.opts: P.DcfmOptions = run.cfg.options
+        self.experts: dict[int, Any] = {}  # partition id -> frozen velocity net
+        self.counts: dict[int, torch.Tensor] = {}  # partition id -> n_a(y_1, y_2)
+        self.node_of: dict[int, int] = {}  # partition id -> node id
+
+    def setup(self, grid) -> list[int]:
+        nodes = sorted(grid.get_node_ids())
+        self.task = FlowTask(self.run, self.server_data(len(nodes)))
+        self.evaluation = FlowEvaluation(self.run, self.task)
+        return nodes
+
+    def keep_experts(self, replies: list[Message]) -> None:
+        """Load the validated experts and their pair counts, by the partition id each reply claims."""
+        for r in replies:
+            pid = partition_of(r)
+            pid = pid if pid is not None else r.metadata.src_node_id
+            self.node_of[pid] = r.metadata.src_node_id
+            self.experts[pid] = self.task.load(tensors_of(r.content.array_records[P.EXPERT_KEY]))
+            self.counts[pid] = tensors_of(r.content.array_records[P.COUNTS_KEY])[P.PAIRS].long()
+        if replies:
+            log.info("[%s] experts of clients %s", replies[0].metadata.message_type, sorted(self.experts))
+
+    def stage_one(self, grid, nodes: list[int], lambda_ci: float) -> None:
+        """The train phase: every client trains its expert from scratch with L_FM + lambda L_CI
+        (lambda 0: plain masked L_FM) and uploads it with its pair counts (one model transfer up)."""
+        phase = {P.PHASE_KEY: P.phase_record(lambda_ci)}
+        with timed(self.run, "stage1"):
+            self.keep_experts(self.exchange(grid, P.TRAIN, nodes, lambda n: phase, self.task.validate))
+
+    def frozen(self) -> tuple[list[int], dict[int, ArrayRecord]]:
+        """The experts' partition ids (sorted) and their weights as records to send."""
+        ids = sorted(self.experts)
+        return ids, {a: ArrayRecord({k: v.cpu() for k, v in self.experts[a].state_dict().items()}) for a in ids}
+
+    def sampler(self, y: torch.Tensor, part: int) -> Callable:  # pragma: no cover - abstract
+        """The velocity field (x, t) -> v for requested labels y; `part` splits work across experts."""
+        raise NotImplementedError
+
+    def parts(self) -> int:
+        return 1
+
+    def finish(self, extra: dict[str, Any]) -> dict[str, Any]:
+        return self.evaluation.finish(self.sampler, extra, num_experts=len(self.experts), parts=self.parts())

@@ -1,0 +1,135 @@
+"""How pfdm and its generation baselines (local-only, fedavg-ddpm, centralized-ddpm) are scored, on the
+server, so that every row of the PFDM table is measured the same way.
+
+- GenerationEval: a reference classifier (SmallCNN on the server's real public split) embeds real test
+  images and samples; Frechet distance per class group (majority / minority), NOT Inception FID; sample
+  grids; the loss-threshold membership-inference attack on a model trained on clean data.
+- loss_scores, unit, memorisation: the attack scores the strategies also apply to what they hold.
+- sample_model: class-balanced samples of a model released as a whole (no private half).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from fedapp.data import server_data
+from fedapp.images import sample_grid, save_class_grid
+from fedapp.models.ddpm import DDPM
+
+MIA_T_RANGE = (0, 300)  # attacker's levels for a model trained on clean data: small t reveal the most
+MIA_DRAWS = 8           # (t, noise) draws per sample, averaged into one loss score
+MEMO_RATIO = 1 / 3      # memorised: nearest training image < 1/3 of the distance to the second nearest
+
+
+@torch.no_grad()
+def loss_scores(model: DDPM, x: torch.Tensor, y: torch.Tensor, t_range: tuple[int, int], seed: int,
+                source_t: int | None = None, draws: int = MIA_DRAWS, batch: int = 256) -> np.ndarray:
+    """Loss-threshold MIA score: minus the per-sample epsilon loss averaged over `draws` (t, z) draws."""
+    g = torch.Generator().manual_seed(seed)
+    model.eval()
+    total = torch.zeros(len(x))
+    for _ in range(draws):
+        for i in range(0, len(x), batch):
+            total[i:i + batch] += model.loss(x[i:i + batch], y[i:i + batch], t_range=t_range, source_t=source_t,
+                                             generator=g, reduction="none").cpu()
+    return (-total / draws).numpy()
+
+
+def unit(x: torch.Tensor) -> torch.Tensor:
+    """Images as unit vectors: distances that ignore the clipping scale."""
+    f = x.flatten(1).double()
+    return f / f.norm(dim=1, keepdim=True).clamp_min(1e-12)
+
+
+def memorisation(generated: torch.Tensor, train: torch.Tensor) -> dict[str, float]:
+    """Nearest-neighbour check: share of generations whose nearest training image is closer than
+    MEMO_RATIO x the second nearest (unit-normalised L2), and the mean nearest distance."""
+    d = torch.cdist(unit(generated), unit(train))
+    two = d.topk(2, dim=1, largest=False).values
+    return {"memorised_fraction": float((two[:, 0] < MEMO_RATIO * two[:, 1]).double().mean()),
+            "nn_distance": float(two[:, 0].mean())}
+
+
+def sample_model(model: DDPM, n: int, num_classes: int, steps: int, seed: int):
+    """Class-balanced samples of a (non-private) model over T -> 0."""
+    y = torch.arange(n) % num_classes
+    return model.sample(n, y, steps=steps, generator=torch.Generator().manual_seed(seed)), y
+
+
+class GenerationEval:
+    """Scores generated samples for one run: a reference classifier (SmallCNN on the server's real public
+    split) embeds real test images and samples; Frechet distance per class group (NOT Inception FID)."""
+
+    def __init__(self, run, num_partitions: int):
+        from fedapp.models.classifier import SmallCNN, accuracy, train_classifier
+
+        cfg, o = run.cfg, run.cfg.options
+        self.run = run
+        self.server = server_data(cfg, num_partitions)
+        self.num_classes = self.server.info.num_classes
+        self.shape = (self.server.info.channels, cfg.image_size, cfg.image_size)  # of every image scored
+        meta = self.server.meta
+        self.groups = {"majority": meta.get("majority_classes", list(range(self.num_classes))),
+                       "minority": meta.get("minority_classes", [])}
+        torch.manual_seed(cfg.seed)
+        self.ref = train_classifier(SmallCNN(self.num_classes, width=16), self.server.public.x, self.server.public.y,
+                                    epochs=o.ref_epochs, seed=cfg.seed)
+        self.ref_accuracy = accuracy(self.ref, self.server.test.x, self.server.test.y)
+
+    @torch.no_grad()
+    def features(self, x: torch.Tensor) -> np.ndarray:
+        return torch.cat([self.ref.embed(x[i:i + 512]) for i in range(0, len(x), 512)]).numpy()
+
+    def distances(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+        """majority/minority Frechet distance to the real test images of those classes; mean = their average
+        (as the paper's tables); sample_accuracy = share the reference classifier labels as requested."""
+        from fedapp.metrics import frechet_distance
+        from fedapp.models.classifier import accuracy
+
+        out = {}
+        for name, classes in self.groups.items():
+            if not classes:
+                continue
+            real = self.server.test.x[torch.isin(self.server.test.y, torch.tensor(classes))]
+            gen = x[torch.isin(y, torch.tensor(classes))]
+            out[f"{name}_distance"] = frechet_distance(self.features(gen), self.features(real))
+        present = [out[k] for k in ("majority_distance", "minority_distance") if k in out]
+        out["mean_distance"] = float(np.mean(present))
+        out["sample_accuracy"] = accuracy(self.ref, x, y)
+        return out
+
+    def save_grid(self, x: torch.Tensor, y: torch.Tensor, name: str, per_class: int = 8) -> str:
+        """PNG under images/: one row per class, as many columns as the rarest class fills (at most per_class)."""
+        path = self.run.out.path("images", name)
+        save_class_grid(x, y, self.num_classes, path, cols=per_class, trim=True)
+        return str(path)
+
+    def save_rows(self, x: torch.Tensor, rows: int, name: str) -> str:
+        """PNG under images/ of `x` in `rows` rows (e.g. reconstructions above their true images)."""
+        path = self.run.out.path("images", name)
+        sample_grid(x, rows, path)
+        return str(path)
+
+    def per_client(self, samples: dict[int, tuple[torch.Tensor, torch.Tensor]], prefix: str = "") -> dict[str, Any]:
+        """Distances per client; the headline figures are client 0's (the paper reports the first client)."""
+        per = {str(pid): self.distances(x, y) for pid, (x, y) in sorted(samples.items())}
+        head = per.get("0", next(iter(per.values())))
+        out = {f"{prefix}{k}": v for k, v in head.items()}
+        out[f"{prefix}per_client"] = per
+        return out
+
+    def mia_clean(self, model: DDPM, member_x: torch.Tensor, member_y: torch.Tensor) -> dict[str, float]:
+        """Loss-threshold MIA on a model trained on clean data: members = client 0's training images,
+        non-members = the server's held-out test images; levels MIA_T_RANGE."""
+        from fedapp.metrics import mia_figures
+
+        n = min(self.run.cfg.options.attack_samples, len(member_x), len(self.server.test))
+        g = torch.Generator().manual_seed(self.run.cfg.seed)
+        mi = torch.randperm(len(member_x), generator=g)[:n]
+        ni = torch.randperm(len(self.server.test), generator=g)[:n]
+        seed = self.run.cfg.seed
+        return mia_figures(loss_scores(model, member_x[mi], member_y[mi], MIA_T_RANGE, seed),
+                           loss_scores(model, self.server.test.x[ni], self.server.test.y[ni], MIA_T_RANGE, seed + 1))

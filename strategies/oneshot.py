@@ -1,0 +1,53 @@
+"""What the one-shot classification methods share (Espresso, its baselines, the centralized ceiling):
+the global classifier trained on the server, and the evaluate phase in which every client tests it on
+its real test split (fedapp/protocols/classify.py's EVALUATE)."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+import torch
+from flwr.app import ArrayRecord
+
+from fedapp.metrics import accuracy_by_group, weighted_client_accuracy
+from fedapp.protocols import ARRAYS_KEY
+from fedapp.protocols import classify
+from fedapp.server import PhasedStrategy
+
+log = logging.getLogger("fedapp")
+
+
+def train_global_classifier(model: str, x: torch.Tensor, y: torch.Tensor, num_classes: int, *, epochs: int,
+                            seed: int, device: str = "cpu") -> torch.nn.Module:
+    """min_omega sum_k p_k E_{D'_k} L(omega): one classifier on the union of the (synthetic) sets
+    (AdamW, cosine schedule; fedapp.models.classifier.train_classifier)."""
+    from fedapp.models.classifier import build_classifier, train_classifier
+
+    torch.manual_seed(seed)
+    net = build_classifier(model, num_classes).to(device)
+    return train_classifier(net, x, y, epochs=epochs, seed=seed)
+
+
+def parameter_bytes(model: torch.nn.Module) -> int:
+    return sum(t.numel() * t.element_size() for t in model.state_dict().values())
+
+
+class OneShotStrategy(PhasedStrategy):
+    """A one-shot method: the method's own phases, then one evaluate phase."""
+
+    def evaluate_classifier(self, grid, model: torch.nn.Module, server, nodes: list[int]) -> dict[str, Any]:
+        """Global test accuracy (per domain) on the server, and each client's on its real test split."""
+        model = model.cpu().eval()
+        metrics = accuracy_by_group(model, server.test, server.info, device="cpu")
+        weights = ArrayRecord(model.state_dict())
+        replies = self.exchange(grid, classify.EVALUATE, nodes, lambda n: {ARRAYS_KEY: weights},
+                                validate=classify.validate_evaluate)
+        acc = classify.client_accuracies(replies)
+        log.info("per-client test accuracy: %s", {k: round(v["accuracy"], 4) for k, v in acc.items()})
+        metrics.update(weighted_client_accuracy(acc))
+        metrics["client_domain"] = {str(k): v["domain"] for k, v in sorted(acc.items()) if v["domain"] is not None}
+        metrics["classifier_bytes"] = parameter_bytes(model)
+        metrics["model"] = self.run.cfg.model
+        log.info("global test accuracy %.4f %s", metrics["accuracy"], metrics.get("domain_accuracy", ""))
+        return metrics

@@ -1,0 +1,123 @@
+"""The layering the README's Architecture section promises, checked on the source tree:
+no import circle, nothing in fedapp/ importing strategies/ or clients/ (the registry loads them by
+name), and no record key spelled outside fedapp/protocols/."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("fedapp", "strategies", "clients", "feddata")
+RECORD_ATTRS = {"array_records", "config_records", "metric_records"}
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for pkg in PACKAGES:
+        for path in (ROOT / pkg).rglob("*.py"):
+            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            if parts[-1] == "__init__":
+                parts = parts[:-1]
+            out[".".join(parts)] = path
+    return out
+
+
+def _imports(name: str, path: Path, known: set[str]) -> set[str]:
+    """Project modules `name` imports anywhere in its body (top level or inside functions)."""
+    is_pkg = path.name == "__init__.py"
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        targets = []
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+                pkg = pkg[: len(pkg) - (node.level - 1)]
+                base = ".".join(pkg + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        for t in targets:
+            while t and t not in known:
+                t = t.rpartition(".")[0]
+            if t and t != name:
+                found.add(t)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    known = set(mods)
+    return {m: _imports(m, p, known) for m, p in mods.items()}
+
+
+def _is_parent(a: str, b: str) -> bool:
+    return b.startswith(a + ".")
+
+
+def test_no_import_circle_anywhere_in_the_tree():
+    graph = _graph()
+    # a package importing its own submodules (re-exports in __init__) is not a circle
+    graph = {m: {d for d in deps if not _is_parent(m, d) and not _is_parent(d, m)} for m, deps in graph.items()}
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(m: str, stack: list[str]) -> None:
+        state[m] = 1
+        for d in sorted(graph.get(m, ())):
+            if state.get(d) == 1:
+                cycles.append(stack[stack.index(d):] + [d])
+            elif d not in state:
+                visit(d, stack + [d])
+        state[m] = 2
+
+    for m in sorted(graph):
+        if m not in state:
+            visit(m, [m])
+    assert cycles == [], cycles
+
+
+def test_fedapp_never_imports_strategies_or_clients():
+    bad = {m: sorted(d for d in deps if d.split(".")[0] in ("strategies", "clients"))
+           for m, deps in _graph().items() if m.startswith("fedapp")}
+    assert {m: d for m, d in bad.items() if d} == {}
+    assert not any(d.startswith(("strategies", "clients")) for d in _graph()["fedapp.registry"])  # by name only
+
+
+def _record_key_literals(tree: ast.AST) -> list[tuple[int, str]]:
+    """String literals used as record keys: x.array_records["k"], x.config_records.get("k"),
+    RecordDict({"k": ...}), ctx.state["k"] and content["k"] = ..."""
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Constant) \
+                and isinstance(node.slice.value, str) and isinstance(node.value, ast.Attribute) \
+                and node.value.attr in RECORD_ATTRS | {"state", "content"}:
+            hits.append((node.lineno, node.slice.value))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.args \
+                and node.func.attr in ("get", "__contains__") and isinstance(node.func.value, ast.Attribute) \
+                and node.func.value.attr in RECORD_ATTRS and isinstance(node.args[0], ast.Constant):
+            hits.append((node.lineno, node.args[0].value))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "RecordDict" \
+                and node.args and isinstance(node.args[0], ast.Dict):
+            hits += [(k.lineno, k.value) for k in node.args[0].keys if isinstance(k, ast.Constant)]
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) and isinstance(node.left.value, str) \
+                and any(isinstance(c, ast.Attribute) and c.attr in RECORD_ATTRS for c in node.comparators):
+            hits.append((node.lineno, node.left.value))
+    return hits
+
+
+def test_no_record_key_literal_outside_protocol_modules():
+    offenders = {}
+    for name, path in _modules().items():
+        if name.startswith("fedapp.protocols") or name.startswith("feddata"):
+            continue
+        hits = _record_key_literals(ast.parse(path.read_text()))
+        if hits:
+            offenders[str(path.relative_to(ROOT))] = hits
+    assert offenders == {}
+
+
+def test_the_literal_check_catches_what_it_should():
+    src = 'r.content.array_records["upload"]; m.metric_records.get("metrics"); RecordDict({"x": a}); ctx.state["k"]'
+    assert [k for _, k in _record_key_literals(ast.parse(src))] == ["upload", "metrics", "x", "k"]
