@@ -1,8 +1,10 @@
 """What Flower's Ray simulation costs over a plain in-process loop doing the same FedAvg work.
 
-Both run the same client function (`clients.classify.local_train`) on the same shards with the
-same sample-weighted average. Each is timed at two round counts; seconds per round is the
-slope and start-up the intercept, so both figures come from the same run.
+All three run the same client function (`clients.classify.local_train`) on the same shards with the
+same sample-weighted average: a plain loop; `fedapp.simulation.simulate_in_process` (the whole
+server -- strategy, Flower's round loop, validation, metering, run folder -- with the clients served
+in this process); and `fedapp.simulate` (the same through Ray). Each is timed at two round counts;
+seconds per round is the slope and start-up the intercept, so both figures come from the same run.
 
     python benchmarks/sim_overhead.py [--clients 4] [--rounds 1 4]
 """
@@ -19,6 +21,7 @@ import fedapp
 from clients.classify import evaluate, local_train
 from fedapp.config import parse_run_config
 from fedapp.models.classifier import build_classifier
+from fedapp.simulation import simulate_in_process
 from feddata import load_client_shard, load_server_data
 
 
@@ -47,10 +50,10 @@ def in_process(cfg, clients: int, rounds: int) -> float:
     return time.time() - t0
 
 
-def simulated(flat: dict, clients: int, rounds: int) -> float:
+def simulated(run, flat: dict, clients: int, rounds: int) -> float:
     t0 = time.time()
     with tempfile.TemporaryDirectory() as out:
-        fedapp.simulate({**flat, "num-server-rounds": rounds, "out-dir": out}, num_clients=clients)
+        run({**flat, "num-server-rounds": rounds, "out-dir": out}, num_clients=clients)
     return time.time() - t0
 
 
@@ -65,7 +68,8 @@ def main() -> None:
     r1, r2 = args.rounds
     rows = {}
     for name, fn in (("in-process loop", lambda r: in_process(cfg, args.clients, r)),
-                     ("fedapp.simulate (Ray)", lambda r: simulated(flat, args.clients, r))):
+                     ("simulate_in_process", lambda r: simulated(simulate_in_process, flat, args.clients, r)),
+                     ("fedapp.simulate (Ray)", lambda r: simulated(fedapp.simulate, flat, args.clients, r))):
         t1, t2 = fn(r1), fn(r2)
         per_round = (t2 - t1) / (r2 - r1)
         rows[name] = (t1 - r1 * per_round, per_round)

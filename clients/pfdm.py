@@ -42,9 +42,10 @@ def train_private_denoiser(x: torch.Tensor, y: torch.Tensor, o, image_size: int,
     return model.cpu()
 
 
-def make_upload(x: torch.Tensor, y: torch.Tensor, clip: float, t0: int, seed: int):
-    """D~_m: (x~, y) with x~ = sqrt(abar_t0) CLIP(x, C) + sqrt(1 - abar_t0) z, in the order of x."""
-    return privatize(x, clip, t0, torch.Generator().manual_seed(seed)), y.clone().long()
+def make_upload(x: torch.Tensor, y: torch.Tensor, clip: float, t0: int):
+    """D~_m: (x~, y) with x~ = sqrt(abar_t0) CLIP(x, C) + sqrt(1 - abar_t0) z, in the order of x; z from the
+    OS (fedapp.privacy.privatize), so no one who knows the run config can subtract it. Labels go in the clear."""
+    return privatize(x, clip, t0), y.clone().long()
 
 
 def balanced_labels(n: int, num_classes: int) -> torch.Tensor:
@@ -95,7 +96,7 @@ def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
                                    ctx.seed_for(1), ctx.device)
     if ctx.state is not None:
         ctx.state[P.STATE_PRIVATE] = ArrayRecord(model.state_dict())
-    x_up, y_up = make_upload(shard.train.x, shard.train.y, o.clip, t0, ctx.seed_for(2))
+    x_up, y_up = make_upload(shard.train.x, shard.train.y, o.clip, t0)
     return RecordDict({P.UPLOAD_KEY: ArrayRecord({P.X: x_up, P.Y: y_up}),
                        METRICS_KEY: MetricRecord({NUM_EXAMPLES_KEY: len(y_up), P.T0_METRIC: t0})})
 

@@ -7,11 +7,15 @@ Dividing by sqrt(abar_t0) shows x~ is the Gaussian mechanism on CLIP(x) (L2 sens
   epsilon     <= 2C^2 / sigma^2 + C · sqrt(8 log(1/delta) / sigma^2)      (LDP bound, per data point)
 Levels follow fedapp.models.ddpm: abar_0 = 1, abar_t = prod_{s<=t} (1 - beta_s), linear betas
 1e-4 .. 0.02 over T = 1000 (DDPM / PFDM). Computed in float64 so the epsilon figures are exact.
+
+The noise z of a release comes from the operating system (`os_generator`), never from the run seed:
+the server knows the seed and the config, and noise it could regenerate would protect nothing.
 """
 
 from __future__ import annotations
 
 import math
+import secrets
 
 import numpy as np
 import torch
@@ -65,9 +69,19 @@ def forward_diffuse(x: torch.Tensor, t0: int, noise: torch.Tensor) -> torch.Tens
     return math.sqrt(a) * x + math.sqrt(1.0 - a) * noise
 
 
-def privatize(x: torch.Tensor, clip: float, t0: int, generator: torch.Generator | None = None) -> torch.Tensor:
-    """The PFDM upload: forward_diffuse(CLIP(x, C), t0, z) with fresh z per sample."""
-    noise = torch.randn(x.shape, generator=generator, dtype=torch.float32)
+def os_generator() -> np.random.Generator:
+    """A generator seeded with 256 bits from the OS (secrets): nothing in the run config determines it."""
+    return np.random.default_rng(np.random.SeedSequence(secrets.randbits(256)))
+
+
+def privatize(x: torch.Tensor, clip: float, t0: int, generator: torch.Generator | np.random.Generator | None = None
+              ) -> torch.Tensor:
+    """The PFDM upload: forward_diffuse(CLIP(x, C), t0, z) with fresh z per sample. A client's release
+    passes no generator (z from the OS); the server's own evaluation may pass a seeded torch one."""
+    if isinstance(generator, torch.Generator):
+        noise = torch.randn(x.shape, generator=generator, dtype=torch.float32)
+    else:
+        noise = torch.from_numpy((generator or os_generator()).standard_normal(x.shape, dtype=np.float32))
     return forward_diffuse(clip_norm(x.float(), clip), t0, noise).float()
 
 
@@ -75,7 +89,9 @@ def privacy_record(t0: int, clip: float, delta: float) -> dict:
     """What summary.json reports under `privacy`."""
     return {"mechanism": "PFDM upload: clip + forward diffusion to t0 (local DP, Theorem 5.1)",
             "epsilon": ldp_epsilon(t0, clip, delta), "delta": delta, "t0": int(t0), "clip": clip,
-            "sigma2": ldp_sigma2(t0), "abar_t0": float(linear_abar()[t0])}
+            "sigma2": ldp_sigma2(t0), "abar_t0": float(linear_abar()[t0]),
+            "noise_source": "operating system (secrets), not the run seed",
+            "released_in_the_clear": ["labels"]}
 
 
 def resolve_t0(t0: int, epsilon: float, clip: float, delta: float) -> int:

@@ -90,7 +90,7 @@ def test_private_training_set_and_upload_order():
     xs, ys, flags = private_training_set(x, y, 2.0)
     assert len(xs) == 20 and (flags[:10] == 0).all() and (flags[10:] == 1).all()
     assert torch.equal(xs[:10], x) and (xs[10:].flatten(1).norm(dim=1) <= 2.0 + 1e-5).all()
-    up, yu = make_upload(x, y, 2.0, 500, seed=0)
+    up, yu = make_upload(x, y, 2.0, 500)
     assert up.shape == x.shape and torch.equal(yu, y)
     assert split_steps(50, 693) == (15, 35) and split_steps(2, 999) == (1, 1)
 
@@ -197,3 +197,28 @@ def test_ddpm_baselines_protocols_on_an_in_process_grid(tmp_path, method):
         assert math.isfinite(m["mia_auc"])
         model_bytes = sum(a.numel() * a.element_size() for a in build_ddpm(8, 10, flag=False).state_dict().values())
         assert all(p["up_bytes"] >= model_bytes * TINY["num-server-rounds"] for p in per.values())
+
+
+def test_upload_noise_comes_from_the_os_so_the_server_cannot_subtract_it():
+    """Two releases of the same data under the same run seed differ, and the server's best use of
+    everything it knows (seed, config, labels: the old seeded generator) leaves the full noise in place."""
+    from clients.pfdm import make_upload
+    from fedapp.seeds import derive_seed
+
+    x = torch.rand(64, 3, 8, 8) * 2 - 1
+    y = torch.arange(64) % 10
+    clip, t0 = 10.0, 693
+    a = float(linear_abar()[t0])
+    up1, _ = make_upload(x, y, clip, t0)
+    up2, _ = make_upload(x, y, clip, t0)
+    assert not torch.equal(up1, up2)
+    truth = clip_norm(x, clip)
+    for seed in (derive_seed(0, 0, 2), 0, 1):  # what a seeded client would have used
+        guess = torch.randn(x.shape, generator=torch.Generator().manual_seed(seed))
+        recon = (up1 - math.sqrt(1 - a) * guess) / math.sqrt(a)
+        err = (recon - truth).flatten(1).norm(dim=1)
+        # residual = sqrt((1-a)/a) * (z - guess): norm ~ sqrt(2 sigma^2 d), never the old 3e-6
+        expected = math.sqrt(2 * ldp_sigma2(t0) * x[0].numel())
+        assert err.mean() > 0.8 * expected
+    noise = (up1 - math.sqrt(a) * truth) / math.sqrt(1 - a)
+    assert abs(noise.mean()) < 0.05 and abs(noise.std() - 1) < 0.05  # standard normal, as the bound assumes
