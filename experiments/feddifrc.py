@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.common import BACKENDS, check_configs, prog, quiet_logs, run
+from experiments.common import BACKENDS, check_configs, parse_set, prog, quiet_logs, run
 from fedapp.results import atomic_write_json
 
 SPLITS = {
@@ -70,8 +70,8 @@ def uses_prior(method: str) -> bool:
 def cell_config(a: argparse.Namespace, seed: int, split: str, method: str) -> dict[str, Any]:
     return {"dataset": a.dataset, "num-server-rounds": a.rounds, "local-epochs": a.local_epochs, "lr": a.lr,
             "batch-size": a.batch_size, "seed": seed, "prior": a.prior, "min-clients": 2, "partitioner.per-class": 0,
-            "device": "cpu", "out-dir": a.runs_dir, "run-name": f"{method}-{split}-s{seed}", **SPLITS[split],
-            **METHODS[method][1]}
+            "device": "cpu", "out-dir": a.runs_dir, "run-name": f"{method}-{split}-s{seed}", **parse_set(a.set),
+            **SPLITS[split], **METHODS[method][1]}
 
 
 def curve(summary: dict[str, Any]) -> list[float]:
@@ -148,6 +148,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--out", default="docs", help="folder for feddifrc.json and feddifrc_rounds.png")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     p.add_argument("--fresh", action="store_true", help="ignore cells already in <out>/feddifrc.json")
+    p.add_argument("--set", nargs="*", default=[], help="run-config overrides, e.g. feddifrc.up-blocks=0,1")
     a = p.parse_args(argv)
     import torch
 
@@ -167,6 +168,8 @@ def main(argv: list[str]) -> None:
     json_path = out / "feddifrc.json"
     setup = {"dataset": a.dataset, "clients": a.clients, "rounds": a.rounds, "local_epochs": a.local_epochs,
              "lr": a.lr, "batch_size": a.batch_size, "backend": a.backend, "last_rounds": LAST}
+    if a.set:  # only when given, so that tables measured before --set existed still resume
+        setup["set"] = parse_set(a.set)
     results: dict[str, Any] = {}
     if json_path.exists() and not a.fresh:
         old = json.loads(json_path.read_text())

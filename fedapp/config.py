@@ -11,6 +11,7 @@ fields carry `opt(...)` metadata, and its NAMESPACE); the registry says which pr
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -45,6 +46,8 @@ def _coerce(key: str, value: Any, typ: type) -> Any:
         return value.lower() == "true"
     if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
         raise ConfigError(f"{key}={value!r}: must be of type {typ.__name__}")
+    if typ is float and not math.isfinite(value):
+        raise ConfigError(f"{key}={value!r}: must be a finite number")
     return value
 
 
@@ -168,6 +171,13 @@ def _check_device(value: str) -> None:
         raise ConfigError(f"device={value!r}: must be auto, cpu, cuda or cuda:N")
 
 
+def _check_run_name(value: str) -> None:
+    """The run folder must stay inside out-dir: one plain folder name."""
+    if value and (value in (".", "..") or "/" in value or "\\" in value or value.startswith("~")):
+        raise ConfigError(f"run-name={value!r}: must be a plain folder name (no '/', '\\', '..' or '~'); "
+                          "results land in <out-dir>/<run-name>/")
+
+
 def _partitioner_params(partitioner: str, given: Mapping[str, Any]) -> dict[str, Any]:
     """Typed params of the chosen partitioner; keys of other partitioners are tolerated
     (pyproject.toml lists every partitioner's defaults) but not used."""
@@ -227,6 +237,7 @@ def parse_run_config(flat: Mapping[str, Any], methods: Mapping[str, Any] | None 
     if cc.partitioner not in PARTITIONERS:
         raise ConfigError(f"{PARTITIONER_KEY}={cc.partitioner!r}: must be one of {', '.join(PARTITIONERS)}")
     _check_device(cc.device)
+    _check_run_name(cc.run_name)
     params = _partitioner_params(cc.partitioner, part)
 
     # Validate every namespace given (all are listed in pyproject), keep the chosen one.

@@ -29,24 +29,30 @@ def _setup_logging() -> None:
 
 
 def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
-    """Validate the config, run the chosen strategy, write the run folder; return the summary."""
+    """Validate the config, run the chosen strategy, write the run folder; return the summary.
+
+    summary.json exists from the start with status "running", then says "completed" or "failed"
+    (with the error), so a run that stopped early is never mistaken for one in progress."""
     _setup_logging()
     cfg = parse_run_config(flat_config)  # a user error stops here, before any client work
     out = RunDir(Path(cfg.out_dir) / cfg.resolved_run_name)
     out.write_json("config.json", cfg.flat())
     run = ServerRun(cfg=cfg, out=out, device=cfg.torch_device())
-    log.info("run %s: method=%s dataset=%s partitioner=%s -> %s", out.root.name, cfg.method,
-             cfg.dataset, cfg.partitioner, out.root)
-    nodes = wait_for_nodes(grid, cfg.min_clients)
-    check_data(cfg, len(nodes))
-    strategy = registry.strategy_class(cfg.method)(run)
-    t0 = time.time()
     summary: dict[str, Any] = {
         "method": cfg.method, "dataset": cfg.dataset, "partitioner": cfg.partitioner,
-        "partitioner_params": cfg.partitioner_params, "num_clients": len(nodes), "seed": cfg.seed,
-        "run_dir": str(out.root),
+        "partitioner_params": cfg.partitioner_params, "num_clients": None, "seed": cfg.seed,
+        "run_dir": str(out.root), "status": "running",
     }
+    out.write_json("summary.json", summary)
+    log.info("run %s: method=%s dataset=%s partitioner=%s -> %s", out.root.name, cfg.method,
+             cfg.dataset, cfg.partitioner, out.root)
+    t0 = time.time()
+    strategy = None
     try:
+        nodes = wait_for_nodes(grid, cfg.min_clients)
+        summary["num_clients"] = len(nodes)
+        check_data(cfg, len(nodes))
+        strategy = registry.strategy_class(cfg.method)(run)
         summary["metrics"] = strategy.execute(MeteredGrid(grid, run))
         summary["status"] = "completed"
     except Exception as err:  # keep what we have: the summary says why it stopped
@@ -58,7 +64,7 @@ def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
         summary["phase_seconds"] = {k: round(v, 3) for k, v in run.phase_seconds.items()}
         summary["comm"] = run.comm()
         summary["failures"] = run.failures
-        if strategy.privacy:
+        if strategy is not None and strategy.privacy:
             summary["privacy"] = strategy.privacy
         out.write_json("comm.json", {"totals": summary["comm"], "by_phase": run.ledger.as_dict()["by_phase"]})
         out.write_json("summary.json", summary)

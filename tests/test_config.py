@@ -47,6 +47,11 @@ def test_int_is_accepted_for_float_and_partitioner_params_are_typed():
     ({"fedprox.mu": -1.0}, "fedprox.mu=-1.0: must be >= 0.0"),
     ({"fedprox.nu": 1.0}, "fedprox.nu=1.0: unknown key"),
     ({"device": "tpu"}, "device='tpu'"),
+    ({"lr": float("inf")}, "lr=inf: must be a finite number"),
+    ({"round-timeout": float("nan")}, "round-timeout=nan: must be a finite number"),
+    ({"run-name": "../../x"}, "run-name='../../x': must be a plain folder name"),
+    ({"run-name": ".."}, "run-name='..': must be a plain folder name"),
+    ({"pfdm.channels": "abc"}, "pfdm.channels='abc': must be comma-separated positive integers"),
 ])
 def test_bad_values_give_one_line_naming_key_and_allowed(flat, needle):
     with pytest.raises(ConfigError) as err:

@@ -374,7 +374,8 @@ def test_espresso_end_to_end_simulation(tmp_path, prior_dir, monkeypatch):
 def test_ablation_command_writes_every_row_table_and_figures(tmp_path, prior_dir):
     from experiments import espresso_ablation as ab
 
-    sets = [f"{k}={v}" for k, v in {**FAST, "prior": str(prior_dir)}.items()]
+    # T_z = 300: the 3 DDIM steps are at t <= 666, so that the Z rows do zigzag
+    sets = [f"{k}={v}" for k, v in {**FAST, "prior": str(prior_dir), "espresso.zigzag-t": 300}.items()]
     ab.main(["--seeds", "0", "1", "--clients", "2", "--per-class", "2", "--threads", "1", "--out", str(tmp_path),
              "--runs", str(tmp_path / "runs"), "--fidelity", "--reader-epochs", "1", "--set", *sets])
     out = json.loads((tmp_path / "espresso_ablation.json").read_text())
@@ -395,6 +396,9 @@ def test_ablation_command_writes_every_row_table_and_figures(tmp_path, prior_dir
     assert (tmp_path / "espresso_ablation.png").stat().st_size > 0
     assert len(list(tmp_path.glob("espresso_synthetic_*.png"))) == 2  # one grid per client domain
     assert out["fidelity_markdown"].count("\n") == len(rows) + 1
+    # the sampler is server-only: the Z rows reuse their client replies (train; evaluate carries their own classifier)
+    reused = {n: sec["client_calls_reused"] for n, sec in out["per_seed"]["0"]["seconds"].items()}
+    assert reused["C+Z"] == reused["C+G+Z"] == 2 and reused["C"] == reused["C+G"] == reused["Ceiling"] == 0
 
 
 def test_fidelity_counts_the_intended_class_and_the_clients_own_domain():

@@ -13,21 +13,13 @@ from fedapp.protocols.records import tensors_of
 from fedapp.server_app import run_server
 from fedapp.simulation import InProcessGrid, ReplyCache, simulate_in_process
 
-pytestmark = pytest.mark.usefixtures("inside_a_run")
+pytestmark = pytest.mark.usefixtures("inside_a_run", "one_torch_thread")
 
 ESPRESSO = {"method": "espresso", "dataset": "digit-styles", "partitioner.name": "domain", "partitioner.per-class": 2,
             "min-clients": 2, "espresso.embed-steps": 3, "espresso.steps": 3, "espresso.ratio": 1.0,
             "espresso.mixup-pairs": 8, "espresso.diffusions-per-latent": 2, "espresso.embed-batch": 8,
             "server-epochs": 1, "espresso.init": "gmm",
             "espresso.zigzag-t": 300}  # 3 DDIM steps are at t <= 666: Z-sampling acts on those above T_z
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
 
 
 @pytest.fixture(scope="module")

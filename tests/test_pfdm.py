@@ -175,15 +175,11 @@ def test_generation_baseline_reports_the_same_metric_names(tmp_path):
 def test_ddpm_baselines_protocols_on_an_in_process_grid(tmp_path, method):
     """strategies/ddpm_baselines.py: local-only releases nothing (no MIA target, samples only);
     fedavg-ddpm moves the whole DDPM each round and its released global model is attacked."""
-    from fedapp.config import all_defaults
-    from fedapp.simulation import InProcessGrid
     from fedapp.models.ddpm import build_ddpm
-    from fedapp.server_app import run_server
+    from fedapp.simulation import simulate_in_process
     from strategies.ddpm_baselines import NO_MIA
 
-    flat = {**all_defaults(), **{k: v for k, v in TINY.items() if k != "partitioner"},
-            "partitioner.name": "minority", "method": method, "out-dir": str(tmp_path), "run-name": method}
-    s = run_server(InProcessGrid(2), flat)
+    s = simulate_in_process({**TINY, "method": method, "out-dir": str(tmp_path), "run-name": method}, 2)
     assert s["status"] == "completed" and s["failures"] == []
     m = s["metrics"]
     # local-only: one sample set per client; fedavg-ddpm: one released model, scored once (as client 0)

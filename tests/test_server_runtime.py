@@ -118,3 +118,25 @@ def test_check_arrays_rejects_unreadable_bytes():
     rec = ArrayRecord({"w": torch.zeros(2)})
     rec["w"].data = b"not an npy file"
     assert "unreadable" in check_arrays(rec, {"w": (2,)})
+
+
+def test_summary_says_running_from_the_start_then_failed_with_the_reason(tmp_path):
+    """A run that stops before its first phase leaves a summary that says so, not only config.json."""
+    import json
+
+    from fedapp.server_app import run_server
+
+    seen = {}
+
+    class _GoneGrid:
+        def get_node_ids(self):
+            summary = next(tmp_path.glob("*/summary.json"))
+            seen["status"] = json.loads(summary.read_text())["status"]
+            raise ConnectionError("SuperLink went away")
+
+    with pytest.raises(ConnectionError):
+        run_server(_GoneGrid(), {"method": "fedavg", "out-dir": str(tmp_path), "run-name": "r"})
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert seen["status"] == "running"
+    assert summary["status"] == "failed" and summary["error"] == "ConnectionError: SuperLink went away"
+    assert summary["failures"] == [] and "wall_seconds" in summary

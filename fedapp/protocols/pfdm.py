@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 from flwr.app import RecordDict
 
-from fedapp.config import opt
+from fedapp.config import ConfigError, opt
 from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, Phase
 from fedapp.protocols.classify import validate_train
 from fedapp.protocols.records import check_arrays
@@ -59,6 +59,12 @@ class PFDMOptions:
     sample_steps: int = opt(50, low=2, help="DDIM steps T -> 0 (split at t0 in proportion for pfdm)")
     attack_samples: int = opt(200, low=10, help="members and non-members per attack")
     ref_epochs: int = opt(8, low=1, help="epochs of the reference classifier (SmallCNN on the server's public data)")
+
+    def __post_init__(self) -> None:
+        parts = self.channels.replace(" ", "").split(",")
+        if not all(p.isdigit() and int(p) > 0 for p in parts):
+            raise ConfigError(f"pfdm.channels={self.channels!r}: must be comma-separated positive integers "
+                              "such as '16,32'")
 
 
 OPTIONS = PFDMOptions
