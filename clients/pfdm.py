@@ -91,7 +91,7 @@ def _private_model(ctx: ClientContext) -> DDPM:
 def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
     """Phase 1: train z_theta_m (kept in Context.state), upload D~_m."""
     o, shard = ctx.cfg.options, ctx.shard
-    t0 = resolve_t0(o.t0, o.epsilon, o.clip, o.delta)
+    t0 = resolve_t0(o.t0, o.epsilon, o.clip, o.delta, o.accountant)
     model = train_private_denoiser(shard.train.x, shard.train.y, o, ctx.cfg.image_size, shard.info.num_classes,
                                    ctx.seed_for(1), ctx.device)
     if ctx.state is not None:
@@ -105,7 +105,7 @@ def handle_sample(msg: Message, ctx: ClientContext) -> RecordDict:
     """Phase 2: personalised samples (shared T -> t0, private t0 -> 0) and, for the comparison, private-only
     samples. Evaluation only: the server scores them; the protocol itself needs no reply here."""
     o, shard = ctx.cfg.options, ctx.shard
-    t0 = resolve_t0(o.t0, o.epsilon, o.clip, o.delta)
+    t0 = resolve_t0(o.t0, o.epsilon, o.clip, o.delta, o.accountant)
     shared = build_ddpm(ctx.cfg.image_size, shard.info.num_classes, flag=False, channels=o.channels)
     shared.load_state_dict(msg.content.array_records[P.SHARED_KEY].to_torch_state_dict())
     private = _private_model(ctx)

@@ -126,6 +126,7 @@ class CommonConfig:
     min_clients: int = opt(2, low=1, help="wait for this many nodes; a phase goes on while this many reply")
     prior: str = opt("tiny", help="diffusion prior: tiny, a HF id or a local folder")
     round_timeout: float = opt(3600.0, low=0.0, low_open=True)
+    node_timeout: float = opt(600.0, low=0.0, low_open=True, help="seconds the server waits for min-clients nodes")
     max_upload_mb: float = opt(512.0, low=0.0, low_open=True, help="uploads larger than this are dropped")
     server_epochs: int = opt(30, low=1, help="epochs of server-side training (one-shot methods)")
 

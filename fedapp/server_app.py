@@ -11,7 +11,8 @@ from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedapp import registry
-from fedapp.config import check_data, parse_run_config
+from fedapp.config import ConfigError, check_data, parse_run_config
+from fedapp.preflight import preflight
 from fedapp.results import RunDir
 from fedapp.server import MeteredGrid, ServerRun, wait_for_nodes
 
@@ -35,6 +36,7 @@ def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
     (with the error), so a run that stopped early is never mistaken for one in progress."""
     _setup_logging()
     cfg = parse_run_config(flat_config)  # a user error stops here, before any client work
+    preflight(cfg)  # out-dir, prior, model: before the run folder or any node
     out = RunDir(Path(cfg.out_dir) / cfg.resolved_run_name)
     out.write_json("config.json", cfg.flat())
     run = ServerRun(cfg=cfg, out=out, device=cfg.torch_device())
@@ -49,7 +51,7 @@ def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
     t0 = time.time()
     strategy = None
     try:
-        nodes = wait_for_nodes(grid, cfg.min_clients)
+        nodes = wait_for_nodes(grid, cfg.min_clients, timeout=cfg.node_timeout)
         summary["num_clients"] = len(nodes)
         check_data(cfg, len(nodes))
         strategy = registry.strategy_class(cfg.method)(run)
@@ -74,4 +76,9 @@ def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
-    run_server(grid, dict(context.run_config))
+    try:
+        run_server(grid, dict(context.run_config))
+    except ConfigError as err:
+        # one line, and Flower marks the run failed with it (`flwr list`); the traceback adds nothing
+        log.error("%s", err)
+        raise ConfigError(str(err)) from None

@@ -19,7 +19,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from fedapp.config import all_defaults, check_data, normalize_keys, parse_run_config
+from fedapp.config import all_defaults, normalize_keys, parse_run_config
 
 
 def _keep_ray_on_loopback() -> None:
@@ -34,9 +34,11 @@ def resolve_run_config(run_config: Mapping[str, Any], num_clients: int) -> tuple
     """The flat config a run executes (defaults filled in, keys normalised, run-name resolved) and its
     run folder. User errors (bad key or value, too little data for `num_clients`) raise here, before
     anything starts."""
+    from fedapp.preflight import preflight
+
     flat = {**all_defaults(), **normalize_keys(run_config)}
     cfg = parse_run_config(flat)
-    check_data(cfg, num_clients)
+    preflight(cfg, num_clients)
     flat["run-name"] = cfg.resolved_run_name
     return flat, Path(cfg.out_dir) / flat["run-name"]
 

@@ -44,8 +44,8 @@ class PFDMStrategy(PhasedStrategy):
     def __init__(self, run):
         super().__init__(run)
         o = run.cfg.options
-        self.t0 = resolve_t0(o.t0, o.epsilon, o.clip, o.delta)
-        self.privacy = privacy_record(self.t0, o.clip, o.delta)
+        self.t0 = resolve_t0(o.t0, o.epsilon, o.clip, o.delta, o.accountant)
+        self.privacy = privacy_record(self.t0, o.clip, o.delta, o.accountant)
 
     def train_shared(self, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> DDPM:
         """z_w on the uploads only, levels (t0, T]: the uploads are x_t0 (DDPM.loss source_t)."""

@@ -82,6 +82,23 @@ def test_target_epsilon_picks_the_smallest_sufficient_t0():
         smallest_t0(1e-3, 10.0, 1e-5)
 
 
+def test_tight_accountants_beside_the_papers_bound():
+    """One Gaussian release at t0 = 693, C = 10, delta = 1e-5: the paper's bound 9.996 against the
+    tight RDP (9.19) and PLD (8.55) accountants; a tighter accountant meets epsilon = 10 with less noise."""
+    from fedapp.privacy import accountant_epsilon, privacy_record
+
+    eps = {a: accountant_epsilon(693, 10.0, 1e-5, a) for a in ("bound", "rdp", "pld")}
+    assert eps["bound"] == pytest.approx(9.9959, abs=1e-3)
+    assert eps["rdp"] == pytest.approx(9.19, abs=0.01) and eps["pld"] == pytest.approx(8.55, abs=0.01)
+    t_bound, t_rdp, t_pld = (smallest_t0(10.0, 10.0, 1e-5, a) for a in ("bound", "rdp", "pld"))
+    assert t_bound == 693 and t_pld < t_rdp < t_bound
+    for a, t in (("rdp", t_rdp), ("pld", t_pld)):  # the smallest t0: one step less breaks the budget
+        assert accountant_epsilon(t, 10.0, 1e-5, a) <= 10.0 < accountant_epsilon(t - 1, 10.0, 1e-5, a)
+    rec = privacy_record(t_rdp, 10.0, 1e-5, "rdp")
+    assert rec["accountant"] == "rdp" and rec["epsilon"] == rec["epsilon_by_accountant"]["rdp"] <= 10.0
+    assert rec["epsilon_by_accountant"]["bound"] > 10.0  # what the paper's bound says of the same release
+
+
 def test_private_training_set_and_upload_order():
     from clients.pfdm import make_upload, private_training_set, split_steps
 

@@ -23,6 +23,7 @@ from fedapp.protocols import EVALUATE, METRICS_KEY, Phase
 from fedapp.protocols.records import check_arrays, check_integer, tensors_of
 
 NAMESPACE = "espresso"
+USES_PRIOR = True  # the `prior` key must resolve before the run starts (fedapp.preflight)
 UPLOAD_KEY = "upload"  # ArrayRecord: the client's one upload
 PRIOR_KEY = "prior"  # ConfigRecord {PRIOR_BYTES: prior_to_bytes(folder)}: the prior shipped to clients
 PRIOR_BYTES = "bytes"

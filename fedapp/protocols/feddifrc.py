@@ -10,6 +10,7 @@ from fedapp.config import ConfigError, opt
 from fedapp.protocols.classify import PHASES, TRAIN  # noqa: F401  (the same exchanges)
 
 NAMESPACE = "feddifrc"
+USES_PRIOR = True  # the `prior` key must resolve before the run starts (fedapp.preflight)
 CACHE_BYTES = "cache-bytes"  # train metric: bytes of the client's cached targets
 FEATURE_SECONDS = "feature-seconds"  # train metric: seconds spent computing them this round (0 when cached)
 STATE_TARGETS = "feddifrc.targets"  # node state: the cached representations

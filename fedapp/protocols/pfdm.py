@@ -50,6 +50,9 @@ class PFDMOptions:
     epsilon: float = opt(10.0, low=0.0, low_open=True, help="target LDP epsilon (used when pfdm.t0 = 0)")
     clip: float = opt(10.0, low=0.0, low_open=True, help="C: per-sample L2 clipping norm of the upload")
     delta: float = opt(1e-5, low=0.0, low_open=True, high=0.5, help="LDP delta")
+    accountant: str = opt("bound", choices=("bound", "rdp", "pld"),
+                          help="epsilon of a release: the paper's closed-form bound, or a tight RDP / PLD "
+                               "accountant (dp-accounting); picks t0 when pfdm.t0 = 0")
     local_steps: int = opt(300, low=1, help="steps of each client's denoiser (private / local-only; fedavg-ddpm: in total over rounds)")
     shared_steps: int = opt(300, low=1, help="steps of the server's shared denoiser (centralized-ddpm: its model)")
     batch: int = opt(64, low=1)

@@ -68,5 +68,6 @@ def wait_for_nodes(grid: Any, n: int, timeout: float = 600.0, poll: float = 1.0)
         if len(nodes) >= n:
             return nodes
         if time.time() - t0 > timeout:
-            raise RuntimeError(f"only {len(nodes)} of min-clients={n} nodes connected after {timeout:.0f} s")
+            raise RuntimeError(f"min-clients={n}: only {len(nodes)} nodes connected within node-timeout="
+                               f"{timeout:g} s")
         time.sleep(poll)

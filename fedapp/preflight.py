@@ -1,0 +1,94 @@
+"""What a run needs from the machine it starts on, checked before Ray or any client starts.
+
+fedapp.config checks that every value is well-formed; this module checks that the values work
+here: the data fits the federation, min-clients does not exceed its nodes, out-dir is a writable
+folder, and the prior and the classifier named resolve (a built-in, an existing folder, or a hub id
+that is cached or reachable). Each failure is one ConfigError line naming key, value and what is
+allowed.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Any, Mapping
+
+from fedapp.config import ConfigError, RunConfig, check_data
+
+BUILTIN_MODELS = ("cnn", "resnet18")
+
+
+def check_out_dir(cfg: RunConfig) -> None:
+    root = Path(cfg.out_dir).expanduser()
+    if root.exists() and not root.is_dir():
+        raise ConfigError(f"out-dir={cfg.out_dir!r}: is a file; must be a folder results can be written to")
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=root):
+            pass
+    except OSError as err:
+        raise ConfigError(f"out-dir={cfg.out_dir!r}: not writable ({err.strerror or err}); "
+                          "must be a folder results can be written to") from None
+
+
+def hub_offline() -> bool:
+    return os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
+
+
+def hub_cached(repo_id: str, filename: str) -> bool:
+    """Whether `filename` of `repo_id` is in the local Hugging Face cache."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, filename), str)
+    except Exception:  # a malformed id: not cached
+        return False
+
+
+def check_prior(cfg: RunConfig) -> None:
+    """The prior resolves: `tiny` (built on first use), an SD-layout folder, or a cached/reachable hub id."""
+    from fedapp.models.prior import resolve_prior
+
+    try:
+        src = resolve_prior(cfg.prior, cfg.dataset)
+    except ValueError as err:
+        raise ConfigError(str(err).splitlines()[0]) from None
+    if src.kind == "hub" and hub_offline() and not hub_cached(src.location, "model_index.json"):
+        raise ConfigError(f"prior={cfg.prior!r}: not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+                          "allowed: 'tiny', an SD-1.5-layout folder, or a hub id that is cached or reachable")
+
+
+def check_model(cfg: RunConfig) -> None:
+    """The classifier: a built-in, a transformers folder with config.json, or a cached/reachable hub id."""
+    name = cfg.model
+    if name in BUILTIN_MODELS:
+        return
+    path = Path(name).expanduser()
+    allowed = f"allowed: {', '.join(BUILTIN_MODELS)}, a transformers ResNet folder or hub id"
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ConfigError(f"model={name!r}: folder has no config.json; {allowed}")
+        return
+    if name.startswith((".", "/", "~")) or name.count("/") != 1:
+        raise ConfigError(f"model={name!r}: no such folder and not a hub id; {allowed}")
+    if hub_offline() and not hub_cached(name, "config.json"):
+        raise ConfigError(f"model={name!r}: not in the local Hugging Face cache and HF_HUB_OFFLINE is set; {allowed}")
+
+
+def check_nodes(cfg: RunConfig, num_nodes: int) -> None:
+    if cfg.min_clients > num_nodes:
+        raise ConfigError(f"min-clients={cfg.min_clients}: must be <= the federation's {num_nodes} nodes")
+
+
+def preflight(cfg: RunConfig, num_nodes: int | None = None, methods: Mapping[str, Any] | None = None) -> None:
+    """Every machine-dependent check; `num_nodes` where the federation's size is known."""
+    from fedapp import registry
+
+    check_out_dir(cfg)
+    if getattr(registry.protocol(cfg.method, methods), "USES_PRIOR", False):
+        check_prior(cfg)
+    check_model(cfg)
+    if num_nodes is not None:
+        check_nodes(cfg, num_nodes)
+        check_data(cfg, num_nodes)

@@ -1,0 +1,137 @@
+"""A bad config is one line naming the key, the value and what is allowed, raised before Ray or any
+client starts: through `fedapp.simulate` (Ray never starts) and through the ServerApp's `run_server`
+(no message is ever sent)."""
+
+from __future__ import annotations
+
+import pytest
+
+import fedapp
+from fedapp.config import ConfigError
+from fedapp.server_app import run_server
+
+FILE = "__a_file__"  # replaced by a path to an existing file
+
+CASES = [
+    ({"method": "nope"}, "method='nope': must be one of"),
+    ({"lr": -0.1}, "lr=-0.1: must be > 0.0"),
+    ({"lr": float("inf")}, "lr=inf: must be a finite number"),
+    ({"lr": float("nan")}, "lr=nan: must be a finite number"),
+    ({"num-server-rounds": 0}, "num-server-rounds=0: must be >= 1"),
+    ({"num-server-rounds": "3"}, "num-server-rounds='3': must be of type int"),
+    ({"local-epochs": 0}, "local-epochs=0: must be >= 1"),
+    ({"batch-size": 0}, "batch-size=0: must be >= 1"),
+    ({"seed": -1}, "seed=-1: must be >= 0"),
+    ({"image-size": 4}, "image-size=4: must be >= 8"),
+    ({"min-clients": 0}, "min-clients=0: must be >= 1"),
+    ({"device": "tpu"}, "device='tpu': must be auto, cpu, cuda or cuda:N"),
+    ({"device": "cuda:x"}, "device='cuda:x': must be auto, cpu, cuda or cuda:N"),
+    ({"round-timeout": 0.0}, "round-timeout=0.0: must be > 0.0"),
+    ({"node-timeout": -1.0}, "node-timeout=-1.0: must be > 0.0"),
+    ({"max-upload-mb": 0.0}, "max-upload-mb=0.0: must be > 0.0"),
+    ({"server-epochs": 0}, "server-epochs=0: must be >= 1"),
+    ({"run-name": "../../x"}, "run-name='../../x': must be a plain folder name"),
+    ({"run-name": "a/b"}, "run-name='a/b': must be a plain folder name"),
+    ({"bogus-key": 1}, "bogus-key=1: unknown key"),
+    ({"partitioner.name": "nope"}, "partitioner.name='nope': must be one of"),
+    ({"partitioner.name": "dirichlet", "partitioner.alpha": -1.0}, "partitioner.alpha"),
+    ({"partitioner.bogus": 1}, "partitioner.bogus=1: unknown key"),
+    ({"fedprox.mu": -1.0}, "fedprox.mu=-1.0: must be >= 0.0"),
+    ({"fedprox.nu": 1.0}, "fedprox.nu=1.0: unknown key"),
+    ({"moon.tau": 0.0}, "moon.tau=0.0: must be > 0.0"),
+    ({"feddifrc.up-blocks": "a,b"}, "feddifrc.up-blocks='a,b': must be '' or comma-separated"),
+    ({"feddifrc.pca-fit": "x"}, "feddifrc.pca-fit='x': must be one of 'client', 'public'"),
+    ({"feddifrc.t": 1000}, "feddifrc.t=1000: must be <= 999"),
+    ({"espresso.conditions": "x"}, "espresso.conditions='x': must be one of"),
+    ({"espresso.gamma2": 5.0}, "espresso.gamma2=5.0: must be < espresso.gamma1"),
+    ({"espresso.steps": 0}, "espresso.steps=0: must be >= 1"),
+    ({"espresso.ship-prior": "x"}, "espresso.ship-prior='x': must be one of"),
+    ({"pfdm.channels": "abc"}, "pfdm.channels='abc': must be comma-separated positive integers"),
+    ({"pfdm.delta": 0.9}, "pfdm.delta=0.9: must be <= 0.5"),
+    ({"pfdm.accountant": "x"}, "pfdm.accountant='x': must be one of 'bound', 'rdp', 'pld'"),
+    ({"pfdm.epsilon": 0.0}, "pfdm.epsilon=0.0: must be > 0.0"),
+    ({"dcfm.variant": "c"}, "dcfm.variant='c': must be one of 'a', 'b'"),
+    ({"dcfm.pi-full": 0.0, "dcfm.pi-marg": 0.0, "dcfm.pi-uncond": 0.0}, "dcfm.pi-full + dcfm.pi-marg"),
+    ({"dcfm.student-pi-marg": 0.8, "dcfm.student-pi-uncond": 0.5}, "dcfm.student-pi-marg + dcfm.student-pi-uncond"),
+    ({"out-dir": FILE}, "out-dir='FILE': is a file; must be a folder"),
+    ({"out-dir": FILE + "/sub"}, "out-dir='FILE/sub': not writable"),
+    ({"method": "espresso", "prior": "/nonexistent/prior"}, "prior='/nonexistent/prior': no such folder"),
+    ({"method": "feddifrc", "prior": "not a hub id"}, "prior='not a hub id': no such folder and not a known name"),
+    ({"method": "espresso", "prior": "fedapp-tests/no-such-pipeline"},
+     "prior='fedapp-tests/no-such-pipeline': not in the local Hugging Face cache"),
+    ({"model": "/nonexistent/resnet"}, "model='/nonexistent/resnet': no such folder and not a hub id"),
+    ({"model": "fedapp-tests/no-such-resnet"}, "model='fedapp-tests/no-such-resnet': not in the local Hugging Face cache"),
+    ({"dataset": "digits", "partitioner.name": "domain"}, "partitioner=domain: dataset digits has no domain attribute"),
+]
+
+
+def _resolve(flat: dict, needle: str, tmp_path) -> tuple[dict, str]:
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    flat = {k: (str(a_file) + v[len(FILE):] if isinstance(v, str) and v.startswith(FILE) else v)
+            for k, v in flat.items()}
+    return {"out-dir": str(tmp_path / "runs"), **flat}, needle.replace("FILE", str(a_file))
+
+
+def _one_line(err: pytest.ExceptionInfo, needle: str) -> None:
+    msg = str(err.value)
+    assert needle in msg and "\n" not in msg, msg
+
+
+@pytest.fixture(autouse=True)
+def offline(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+
+def test_the_table_has_at_least_forty_bad_values():
+    assert len(CASES) >= 40
+
+
+@pytest.mark.parametrize("flat, needle", CASES)
+def test_simulate_refuses_before_ray_starts(flat, needle, tmp_path, monkeypatch):
+    import flwr.simulation
+
+    def ray_started(**_):
+        raise AssertionError("Ray started before the config was checked")
+
+    monkeypatch.setattr(flwr.simulation, "run_simulation", ray_started)
+    flat, needle = _resolve(flat, needle, tmp_path)
+    with pytest.raises(ConfigError) as err:
+        fedapp.simulate(flat, num_clients=2)
+    _one_line(err, needle)
+
+
+class _NoClientWork:
+    """A grid with four connected nodes that fails the test if any message is sent."""
+
+    def get_node_ids(self):
+        return [1, 2, 3, 4]
+
+    def send_and_receive(self, messages, timeout=None):
+        raise AssertionError("a message was sent before the config was checked")
+
+
+@pytest.mark.parametrize("flat, needle", CASES)
+def test_server_app_refuses_before_any_message(flat, needle, tmp_path):
+    from fedapp.config import all_defaults
+
+    flat, needle = _resolve(flat, needle, tmp_path)
+    with pytest.raises(ConfigError) as err:
+        run_server(_NoClientWork(), {**all_defaults(), **flat})
+    _one_line(err, needle)
+
+
+def test_min_clients_above_the_federation_is_refused_before_ray(tmp_path, monkeypatch):
+    import flwr.simulation
+
+    monkeypatch.setattr(flwr.simulation, "run_simulation", lambda **_: pytest.fail("Ray started"))
+    with pytest.raises(ConfigError, match=r"^min-clients=5: must be <= the federation's 4 nodes$"):
+        fedapp.simulate({"min-clients": 5, "out-dir": str(tmp_path)}, num_clients=4)
+
+
+def test_node_waiting_is_bounded_by_node_timeout(tmp_path):
+    from fedapp.config import all_defaults
+
+    flat = {**all_defaults(), "min-clients": 5, "node-timeout": 0.5, "out-dir": str(tmp_path), "run-name": "r"}
+    with pytest.raises(RuntimeError, match=r"min-clients=5: only 4 nodes connected within node-timeout=0.5 s"):
+        run_server(_NoClientWork(), flat)
