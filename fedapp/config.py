@@ -127,6 +127,7 @@ class CommonConfig:
     prior: str = opt("tiny", help="diffusion prior: tiny, a HF id or a local folder")
     round_timeout: float = opt(3600.0, low=0.0, low_open=True)
     node_timeout: float = opt(600.0, low=0.0, low_open=True, help="seconds the server waits for min-clients nodes")
+    resume: str = opt("", help="a round-based run's folder to continue from its last checkpoint ('' = a new run)")
     max_upload_mb: float = opt(512.0, low=0.0, low_open=True, help="uploads larger than this are dropped")
     server_epochs: int = opt(30, low=1, help="epochs of server-side training (one-shot methods)")
 
@@ -143,6 +144,10 @@ class RunConfig:
 
     @property
     def resolved_run_name(self) -> str:
+        if self.common.resume:  # a resumed run writes into its own folder
+            from pathlib import Path
+
+            return Path(self.common.resume).name
         if self.common.run_name:
             return self.common.run_name
         stamp = time.strftime("%Y%m%d-%H%M%S")

@@ -81,11 +81,41 @@ def check_nodes(cfg: RunConfig, num_nodes: int) -> None:
         raise ConfigError(f"min-clients={cfg.min_clients}: must be <= the federation's {num_nodes} nodes")
 
 
+# Keys a resumed run may change: where it writes and that it resumes.
+RESUME_FREE_KEYS = ("resume", "run-name", "out-dir")
+
+
+def check_resume(cfg: RunConfig, methods: Mapping[str, Any] | None = None) -> None:
+    """`resume` names a folder of a resumable method's run with a checkpoint, run with this config."""
+    import json
+
+    from fedapp import registry
+    from fedapp.server.checkpoint import CHECKPOINT, CHECKPOINT_META
+
+    folder = Path(cfg.resume).expanduser()
+    if not getattr(registry.protocol(cfg.method, methods), "RESUMABLE", False):
+        raise ConfigError(f"resume={cfg.resume!r}: method={cfg.method!r} is not resumable; allowed for the "
+                          "round-based classification methods (fedavg, fedprox, feddifrc)")
+    if not all((folder / f).is_file() for f in ("config.json", CHECKPOINT, CHECKPOINT_META)):
+        raise ConfigError(f"resume={cfg.resume!r}: not a run folder with config.json and a checkpoint; "
+                          "must be the folder of a run that completed at least one round")
+    saved = json.loads((folder / "config.json").read_text())
+    now = cfg.flat()
+    differ = sorted(k for k in set(saved) | set(now) if k not in RESUME_FREE_KEYS and saved.get(k) != now.get(k))
+    if differ:
+        k = differ[0]
+        raise ConfigError(f"resume={cfg.resume!r}: the run config differs in {k} ({now.get(k)!r} here, "
+                          f"{saved.get(k)!r} in the run); must equal the resumed run's config")
+
+
 def preflight(cfg: RunConfig, num_nodes: int | None = None, methods: Mapping[str, Any] | None = None) -> None:
     """Every machine-dependent check; `num_nodes` where the federation's size is known."""
     from fedapp import registry
 
-    check_out_dir(cfg)
+    if cfg.resume:
+        check_resume(cfg, methods)
+    else:
+        check_out_dir(cfg)
     if getattr(registry.protocol(cfg.method, methods), "USES_PRIOR", False):
         check_prior(cfg)
     check_model(cfg)

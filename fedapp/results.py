@@ -10,7 +10,7 @@ import os
 import tempfile
 from collections import defaultdict
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 
 def _jsonable(obj: Any) -> Any:
@@ -92,6 +92,12 @@ class RunDir:
         p = self.path(name)
         atomic_write_json(p, obj)
         return p
+
+    def reload_metrics(self, keep: Callable[[dict[str, Any]], bool]) -> None:
+        """Continue metrics.jsonl of a resumed run: keep the lines `keep` accepts, drop the rest."""
+        path = self.root / "metrics.jsonl"
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+        self._metrics = [r for r in rows if keep(r)]
 
     def log_metrics(self, record: dict[str, Any]) -> None:
         """Append one line per round/phase; the file is rewritten whole (atomically)."""

@@ -15,6 +15,7 @@ from fedapp.config import ConfigError, check_data, parse_run_config
 from fedapp.preflight import preflight
 from fedapp.results import RunDir
 from fedapp.server import MeteredGrid, ServerRun, wait_for_nodes
+from fedapp.server.checkpoint import load_checkpoint
 
 log = logging.getLogger("fedapp")
 app = ServerApp()
@@ -37,14 +38,21 @@ def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
     _setup_logging()
     cfg = parse_run_config(flat_config)  # a user error stops here, before any client work
     preflight(cfg)  # out-dir, prior, model: before the run folder or any node
-    out = RunDir(Path(cfg.out_dir) / cfg.resolved_run_name)
-    out.write_json("config.json", cfg.flat())
+    out = RunDir(Path(cfg.resume) if cfg.resume else Path(cfg.out_dir) / cfg.resolved_run_name)
     run = ServerRun(cfg=cfg, out=out, device=cfg.torch_device())
+    if cfg.resume:
+        run.resume_from = load_checkpoint(out.root)
+        out.reload_metrics(lambda row: row.get("round", -1) <= run.resume_from.round)
+        log.info("resuming %s after round %d", out.root, run.resume_from.round)
+    else:
+        out.write_json("config.json", cfg.flat())
     summary: dict[str, Any] = {
         "method": cfg.method, "dataset": cfg.dataset, "partitioner": cfg.partitioner,
         "partitioner_params": cfg.partitioner_params, "num_clients": None, "seed": cfg.seed,
         "run_dir": str(out.root), "status": "running",
     }
+    if cfg.resume:
+        summary["resumed_after_round"] = run.resume_from.round
     out.write_json("summary.json", summary)
     log.info("run %s: method=%s dataset=%s partitioner=%s -> %s", out.root.name, cfg.method,
              cfg.dataset, cfg.partitioner, out.root)
@@ -60,6 +68,10 @@ def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
     except Exception as err:  # keep what we have: the summary says why it stopped
         summary["status"] = "failed"
         summary["error"] = f"{type(err).__name__}: {err}"
+        raise
+    except BaseException as err:  # Ctrl-C, SIGTERM turned into SystemExit: stopped, not broken
+        summary["status"] = "interrupted"
+        summary["error"] = type(err).__name__
         raise
     finally:
         summary["wall_seconds"] = round(time.time() - t0, 3)

@@ -40,7 +40,7 @@ def resolve_run_config(run_config: Mapping[str, Any], num_clients: int) -> tuple
     cfg = parse_run_config(flat)
     preflight(cfg, num_clients)
     flat["run-name"] = cfg.resolved_run_name
-    return flat, Path(cfg.out_dir) / flat["run-name"]
+    return flat, Path(cfg.resume) if cfg.resume else Path(cfg.out_dir) / flat["run-name"]
 
 
 def _read_summary(run_dir: Path) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from fedapp.models.classifier import build_classifier
 from fedapp.protocols import ACCURACY_KEY, ARRAYS_KEY, NUM_EXAMPLES_KEY, RUN_KEY
 from fedapp.protocols import classify as P
 from fedapp.server import FedappStrategy, ServerRun, keep_valid
+from fedapp.server.checkpoint import save_checkpoint, save_model
 
 log = logging.getLogger("fedapp")
 
@@ -34,8 +35,15 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
         self.bind(run)
         self._expected: dict[str, tuple] = {}
         self._client_acc: dict[int, dict[str, Any]] = {}
+        self.round_offset = 0  # rounds a resumed run already has: Flower's loop counts from 1 again
 
-    # -- Flower hooks -------------------------------------------------------------------
+    # -- Flower hooks (rounds are the run's: Flower's + round_offset) -------------------------------------
+    def configure_train(self, server_round: int, arrays: ArrayRecord, config, grid):
+        return super().configure_train(server_round + self.round_offset, arrays, config, grid)
+
+    def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config, grid):
+        return super().configure_evaluate(server_round + self.round_offset, arrays, config, grid)
+
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         max_bytes = self.run.cfg.max_upload_mb * 2**20
         valid = keep_valid(self.run, replies, P.TRAIN, lambda c: P.validate_train(c, self._expected, max_bytes))
@@ -56,14 +64,20 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
         return build_classifier(self.run.cfg.model, self.server_data().info.num_classes)
 
     def global_evaluate(self, server_round: int, arrays: ArrayRecord) -> MetricRecord:
+        """Global test accuracy after each round (Flower's evaluate_fn); checkpoints the model."""
+        server_round += self.round_offset
         server = self.server_data()
         model = self.build_model()
         model.load_state_dict(arrays.to_torch_state_dict())
         metrics = accuracy_by_group(model, server.test, server.info, device=self.run.device)
+        if self.round_offset and server_round == self.round_offset:  # the resumed model: logged already
+            return MetricRecord({ACCURACY_KEY: metrics["accuracy"]})
         row: dict[str, Any] = {"round": server_round, **metrics}
         if self._client_acc and server_round > 0:
             row.update(weighted_client_accuracy(self._client_acc))
         self.run.out.log_metrics(row)
+        if server_round > 0:
+            save_checkpoint(self.run.out, server_round, model.state_dict())
         log.info("[round %d] global test accuracy %.4f", server_round, metrics["accuracy"])
         return MetricRecord({ACCURACY_KEY: metrics["accuracy"]})
 
@@ -71,11 +85,15 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
         cfg = self.run.cfg
         torch.manual_seed(cfg.seed)
         model = self.build_model()
+        if self.run.resume_from is not None:  # continue after the checkpoint's round
+            model.load_state_dict(self.run.resume_from.state)
+            self.round_offset = self.run.resume_from.round
         initial = ArrayRecord(model.state_dict())
         self._expected = {k: tuple(a.shape) for k, a in initial.items()}
-        self.start(grid=grid, initial_arrays=initial, num_rounds=cfg.num_server_rounds,
-                   timeout=cfg.round_timeout, train_config=self.run_config_record(),
-                   evaluate_config=self.run_config_record(), evaluate_fn=self.global_evaluate)
+        result = self.start(grid=grid, initial_arrays=initial, num_rounds=cfg.num_server_rounds - self.round_offset,
+                            timeout=cfg.round_timeout, train_config=self.run_config_record(),
+                            evaluate_config=self.run_config_record(), evaluate_fn=self.global_evaluate)
+        save_model(self.run.out, result.arrays.to_torch_state_dict())
         last = self.run.out.metrics[-1]
         self.run.out.plot_accuracy()
         return {k: v for k, v in last.items() if k != "round"}

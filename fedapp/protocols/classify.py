@@ -16,9 +16,21 @@ from fedapp.protocols import (ACCURACY_KEY, ARRAYS_KEY, CLIENT_KEY, DOMAIN_KEY, 
                               NUM_EXAMPLES_KEY, Phase)
 from fedapp.protocols.records import check_arrays, partition_of
 
+# Train metrics: the sample weight and the last epoch's mean losses (clients.classify.local_train's
+# {loss, ce} as train_<name>); methods that add a loss term declare their own TRAIN with more.
+TRAIN_LOSS, TRAIN_CE = "train_loss", "train_ce"
+TRAIN_METRICS = (NUM_EXAMPLES_KEY, TRAIN_LOSS, TRAIN_CE)
 TRAIN = Phase("train", down=(ARRAYS_KEY,), up=(ARRAYS_KEY, METRICS_KEY),
-              doc="local epochs from the global weights; the server averages the uploads by num-examples")
+              doc="local epochs from the global weights; the server averages the uploads by num-examples",
+              metrics=TRAIN_METRICS)
 PHASES = (TRAIN, EVALUATE)
+
+
+def train_phase(*extra_metrics: str) -> Phase:
+    """FedAvg's train exchange for a method whose clients report more train metrics."""
+    return Phase(TRAIN.message_type, down=TRAIN.down, up=TRAIN.up, doc=TRAIN.doc,
+                 metrics=TRAIN_METRICS + tuple(extra_metrics))
+RESUMABLE = True  # a round-based run continues from its last checkpoint (fedapp/server/checkpoint.py)
 
 
 def check_num_examples(content: RecordDict) -> str | None:
@@ -29,9 +41,12 @@ def check_num_examples(content: RecordDict) -> str | None:
     return None
 
 
-def validate_train(content: RecordDict, expected: Mapping[str, tuple], max_bytes: float | None) -> str | None:
-    """The global model's exact keys and shapes, numeric and finite, within the size cap; a sane weight."""
-    return check_arrays(content.array_records.get(ARRAYS_KEY), expected, max_bytes) or check_num_examples(content)
+def validate_train(content: RecordDict, expected: Mapping[str, tuple], max_bytes: float | None,
+                   dtypes: Mapping[str, str] | None = None) -> str | None:
+    """The global model's exact keys, shapes and (with `dtypes`) dtypes, finite, within the size cap;
+    a sane weight."""
+    return (check_arrays(content.array_records.get(ARRAYS_KEY), expected, max_bytes, dtypes)
+            or check_num_examples(content))
 
 
 def validate_evaluate(content: RecordDict) -> str | None:

@@ -7,12 +7,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedapp.config import ConfigError, opt
-from fedapp.protocols.classify import PHASES, TRAIN  # noqa: F401  (the same exchanges)
+from fedapp.protocols import EVALUATE
+from fedapp.protocols.classify import train_phase
 
 NAMESPACE = "feddifrc"
+RESUMABLE = True  # clients keep nothing between rounds that a resumed run would lack
 USES_PRIOR = True  # the `prior` key must resolve before the run starts (fedapp.preflight)
 CACHE_BYTES = "cache-bytes"  # train metric: bytes of the client's cached targets
 FEATURE_SECONDS = "feature-seconds"  # train metric: seconds spent computing them this round (0 when cached)
+TRAIN_TDCL, TRAIN_NDCR = "train_tdcl", "train_ndcr"  # train metrics: the mean regulariser losses
+TRAIN = train_phase(TRAIN_TDCL, TRAIN_NDCR, CACHE_BYTES, FEATURE_SECONDS)  # FedAvg's exchanges, more metrics
+PHASES = (TRAIN, EVALUATE)
 STATE_TARGETS = "feddifrc.targets"  # node state: the cached representations
 STATE_TARGETS_ID = "feddifrc.targets-key"  # node state: the cache key they were computed for
 DEFAULT_BLOCKS = 3  # '' = the decoder's last three up-blocks (SD: 1,2,3 = the paper's layers 2-4)

@@ -9,6 +9,7 @@ from fedapp.config import opt
 from fedapp.protocols.classify import PHASES, TRAIN  # noqa: F401  (the same exchanges)
 
 NAMESPACE = "fedprox"
+RESUMABLE = True  # clients keep nothing between rounds that a resumed run would lack
 
 
 @dataclass(frozen=True)

@@ -6,9 +6,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fedapp.config import opt
-from fedapp.protocols.classify import PHASES, TRAIN  # noqa: F401  (the same exchanges)
+from fedapp.protocols import EVALUATE
+from fedapp.protocols.classify import train_phase
 
 NAMESPACE = "moon"
+TRAIN_CON = "train_con"  # train metric: the mean model-contrastive loss l_con
+TRAIN = train_phase(TRAIN_CON)  # FedAvg's exchanges; the train reply also reports l_con
+PHASES = (TRAIN, EVALUATE)
 STATE_PREV_MODEL = "moon.prev-model"  # node state (Context.state), never sent: the last local model
 
 

@@ -37,8 +37,18 @@ def partition_of(reply: Message) -> int | None:
     """The partition id a reply claims (CLIENT_KEY), or None when absent or not an integer."""
     if not reply.has_content():
         return None
-    rec = reply.content.config_records.get(CLIENT_KEY)
-    value = rec.get(PARTITION_KEY) if rec is not None else None
+    return partition_in(reply.content)
+
+
+def claimed_partition(content: RecordDict) -> object:
+    """The raw partition-id value of CLIENT_KEY (any type; None when absent): for the claim check."""
+    rec = content.config_records.get(CLIENT_KEY)
+    return rec.get(PARTITION_KEY) if rec is not None else None
+
+
+def partition_in(content: RecordDict) -> int | None:
+    """The partition id a reply's content claims, or None when absent or not an integer."""
+    value = claimed_partition(content)
     return value if isinstance(value, int) and not isinstance(value, bool) else None
 
 
@@ -57,12 +67,19 @@ def record_nbytes(content: RecordDict) -> int:
     return total
 
 
+def dtypes_of(record: ArrayRecord) -> dict[str, str]:
+    """key -> numpy dtype name of a record (the global model's: what an upload must match)."""
+    return {k: str(np.dtype(a.dtype)) for k, a in record.items()}
+
+
 def check_arrays(record: ArrayRecord | None, expected: Mapping[str, tuple] | None = None,
-                 max_bytes: float | None = None) -> str | None:
+                 max_bytes: float | None = None, dtypes: Mapping[str, str] | None = None) -> str | None:
     """Why an uploaded ArrayRecord is unacceptable, or None if it is fine.
 
     `expected` maps key -> shape (None in a shape matches any size); keys must match exactly.
-    Dtypes must be numeric (bool, int, uint, float) and floats finite.
+    Dtypes must be numeric (bool, int, uint, float) and floats finite; with `dtypes` (key -> numpy
+    dtype name, e.g. the global model's: `dtypes_of`) exactly that dtype, so an integer upload is
+    never averaged into a float model.
     """
     if not isinstance(record, ArrayRecord):
         return "no arrays in the upload"
@@ -83,6 +100,8 @@ def check_arrays(record: ArrayRecord | None, expected: Mapping[str, tuple] | Non
                 return f"{key}: shape {tuple(a.shape)} != expected {tuple(shape)}"
         if a.dtype.kind not in "fiub":
             return f"{key}: dtype {a.dtype} is not numeric"
+        if dtypes is not None and key in dtypes and a.dtype != np.dtype(dtypes[key]):
+            return f"{key}: dtype {a.dtype} != expected {dtypes[key]}"
         if a.dtype.kind == "f" and not np.isfinite(a).all():
             return f"{key}: non-finite values"
     if max_bytes is not None and size > max_bytes:
@@ -95,4 +114,25 @@ def check_integer(arrays: Mapping[str, torch.Tensor], *keys: str) -> str | None:
     for k in keys:
         if k in arrays and (arrays[k].is_floating_point() or arrays[k].is_complex() or arrays[k].dtype == torch.bool):
             return f"{k}: dtype {arrays[k].dtype} is not an integer type"
+    return None
+
+
+def check_float(arrays: Mapping[str, torch.Tensor], *keys: str) -> str | None:
+    """Embeddings, means and variances must be floating-point tensors."""
+    for k in keys:
+        if k in arrays and not arrays[k].is_floating_point():
+            return f"{k}: dtype {arrays[k].dtype} is not a floating-point type"
+    return None
+
+
+def check_at_most(what: str, counts: np.ndarray, limit: np.ndarray) -> str | None:
+    """Counts a client reports against what the server knows its shard holds (same shape)."""
+    counts, limit = np.asarray(counts), np.asarray(limit)
+    if counts.shape != limit.shape:
+        return f"{what}: shape {counts.shape} != the shard's {limit.shape}"
+    over = np.argwhere(counts > limit)
+    if len(over):
+        i = tuple(int(v) for v in over[0])
+        idx = i[0] if len(i) == 1 else i
+        return f"{what}[{idx}]={counts[i]} exceeds the {limit[i]} the client's shard holds"
     return None

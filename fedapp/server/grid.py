@@ -1,5 +1,13 @@
 """Flower's Grid, metered: every message down and reply up is counted per client and phase, and
-every failed or missing reply recorded, whether Flower's round loop or a method's phase sends it."""
+every failed or missing reply recorded, whether Flower's round loop or a method's phase sends it.
+
+It also keeps the server's node-to-partition map. Flower's simulation numbers nodes at random and
+deals partitions in registration order, and a deployed SuperNode names its own `partition-id`, so
+the server cannot derive the map: it records each node's first valid claim and holds the node to it.
+A reply whose claim is not an integer in [0, num-partitions), differs from the node's earlier claim,
+or names a partition another live node (grid.get_node_ids()) already serves is dropped here, with
+the reason, before anything reads it. A node that rejoins under a new id after its old id left the
+grid takes its partition over."""
 
 from __future__ import annotations
 
@@ -9,7 +17,8 @@ from typing import Any, Callable, Iterable
 
 from flwr.app import Message, RecordDict
 
-from fedapp.protocols.records import partition_of, record_nbytes
+from fedapp.protocols import CLIENT_KEY, DOMAIN_KEY, PARTITION_KEY
+from fedapp.protocols.records import record_nbytes
 from fedapp.server.run import ServerRun
 
 log = logging.getLogger("fedapp")
@@ -21,6 +30,8 @@ class MeteredGrid:
     def __init__(self, grid: Any, run: ServerRun):
         self._grid = grid
         self.run = run
+        if run.num_partitions is None:  # the nodes at the start of the run: what the strategies split data by
+            run.num_partitions = len(grid.get_node_ids())
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._grid, name)
@@ -35,23 +46,63 @@ class MeteredGrid:
         t0 = time.time()
         replies = list(self._grid.send_and_receive(messages, timeout=timeout))
         self.run.add_seconds(phase, time.time() - t0)
-        answered = set()
+        answered, kept = set(), []
+        live = LiveNodes(self._grid)
         for r in replies:
             node = r.metadata.src_node_id
             answered.add(node)
             if r.has_error():
                 self.run.fail(node, phase, f"client error: {r.error.reason}")
+                kept.append(r)
                 continue
-            pid = partition_of(r)
-            if pid is not None:
-                self.run.node_partition[node] = pid
             self.run.ledger.add(str(node), phase, "up", record_nbytes(r.content))
+            why = claim_partition(self.run, node, r.content, live)
+            if why is not None:  # dropped: no strategy ever reads a reply whose sender is unknown
+                self.run.fail(node, phase, f"invalid partition claim: {why}")
+                continue
+            kept.append(r)
         for m in messages:
             if m.metadata.dst_node_id not in answered:
                 self.run.fail(m.metadata.dst_node_id, phase, f"no reply within {timeout} s")
-        ok = sum(not r.has_error() for r in replies)
+        ok = sum(not r.has_error() for r in kept)
         log.info("[%s] %d/%d clients replied in %.1fs", phase, ok, len(messages), time.time() - t0)
-        return replies
+        return kept
+
+
+class LiveNodes:
+    """The grid's connected node ids, asked once per batch of replies and only when a claim needs them."""
+
+    def __init__(self, grid: Any):
+        self._grid, self._ids = grid, None
+
+    def __contains__(self, node: int) -> bool:
+        if self._ids is None:
+            self._ids = set(self._grid.get_node_ids())
+        return node in self._ids
+
+
+def claim_partition(run: ServerRun, node: int, content: RecordDict, live: Any) -> str | None:
+    """Why `node` may not serve the partition its reply claims (CLIENT_KEY), or None: then the claim
+    is the node's in `run.node_partition` from now on. `live`: the connected node ids."""
+    rec = content.config_records.get(CLIENT_KEY)
+    if rec is None:
+        return f"no {CLIENT_KEY!r} record naming the partition"
+    extra = sorted(set(rec.keys()) - {PARTITION_KEY, DOMAIN_KEY})
+    if extra:
+        return f"unexpected keys {extra} in the {CLIENT_KEY!r} record"
+    pid, n = rec.get(PARTITION_KEY), run.num_partitions
+    if isinstance(pid, bool) or not isinstance(pid, int):
+        return f"{PARTITION_KEY}={pid!r}: must be an integer"
+    if n is None or not 0 <= pid < n:
+        return f"{PARTITION_KEY}={pid}: must be in [0, {n}) (one partition per node of the run)"
+    held = run.node_partition.get(node)
+    if held is not None:
+        return None if held == pid else f"{PARTITION_KEY}={pid}: this node serves partition {held}"
+    other = next((o for o, p in run.node_partition.items() if p == pid and o != node and o in live), None)
+    if other is not None:
+        return f"{PARTITION_KEY}={pid}: already served by node {other}, which is still connected"
+    run.node_partition[node] = pid
+    return None
 
 
 def make_messages(node_ids: Iterable[int], message_type: str,

@@ -20,9 +20,11 @@ class ServerRun:
     out: RunDir
     ledger: CommLedger = field(default_factory=CommLedger)
     failures: list[dict[str, Any]] = field(default_factory=list)
-    node_partition: dict[int, int] = field(default_factory=dict)
+    node_partition: dict[int, int] = field(default_factory=dict)  # accepted claims (fedapp.server.grid)
+    num_partitions: int | None = None  # nodes connected at the start: partition ids are 0 .. this - 1
     phase_seconds: dict[str, float] = field(default_factory=dict)
     device: str = "cpu"
+    resume_from: Any = None  # a fedapp.server.checkpoint.Checkpoint when the run continues an earlier one
 
     def fail(self, node_id: int, phase: str, reason: str) -> None:
         pid = self.node_partition.get(node_id)
@@ -40,9 +42,11 @@ class ServerRun:
     def comm(self) -> dict[str, Any]:
         """Byte totals; the ledger is keyed by node id, reported by partition id once known."""
         totals = self.ledger.totals()
-        per = {}
+        per: dict[str, dict[str, int]] = {}
         for node, row in totals["per_client"].items():
             label = self.client_label(int(node)) if node.isdigit() else node
+            if label in per:  # the same client under two node ids (it rejoined): merge, never overwrite
+                row = {k: per[label][k] + v for k, v in row.items()}
             per[label] = row
         totals["per_client"] = per
         return totals

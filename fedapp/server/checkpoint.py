@@ -1,0 +1,50 @@
+"""What a run leaves to be resumed or reused: the global model after every round
+(checkpoint.safetensors + checkpoint.json, both written atomically) and the final model
+(model.safetensors). `resume = "<run dir>"` continues a round-based run from its last checkpoint."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fedapp.results import RunDir, atomic_write_bytes
+
+CHECKPOINT = "checkpoint.safetensors"
+CHECKPOINT_META = "checkpoint.json"
+FINAL_MODEL = "model.safetensors"
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    round: int  # the last completed server round
+    state: dict[str, torch.Tensor]  # the global model after it
+
+
+def _bytes(state: dict[str, torch.Tensor]) -> bytes:
+    from safetensors.torch import save
+
+    return save({k: v.detach().cpu().contiguous() for k, v in state.items()})
+
+
+def save_checkpoint(out: RunDir, server_round: int, state: dict[str, torch.Tensor]) -> None:
+    """Weights first, then the round that names them: a crash between the two leaves the previous
+    round's meta pointing at newer weights only if both were written, never at half a file."""
+    atomic_write_bytes(out.path(CHECKPOINT), _bytes(state))
+    out.write_json(CHECKPOINT_META, {"round": int(server_round)})
+
+
+def save_model(out: RunDir, state: dict[str, torch.Tensor]) -> Path:
+    path = out.path(FINAL_MODEL)
+    atomic_write_bytes(path, _bytes(state))
+    return path
+
+
+def load_checkpoint(folder: str | Path) -> Checkpoint:
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    meta = json.loads((folder / CHECKPOINT_META).read_text())
+    return Checkpoint(round=int(meta["round"]), state=load_file(str(folder / CHECKPOINT)))
