@@ -129,6 +129,9 @@ class CommonConfig:
     node_timeout: float = opt(600.0, low=0.0, low_open=True, help="seconds the server waits for min-clients nodes")
     resume: str = opt("", help="a round-based run's folder to continue from its last checkpoint ('' = a new run)")
     max_upload_mb: float = opt(512.0, low=0.0, low_open=True, help="uploads larger than this are dropped")
+    aggregation: str = opt("mean", choices=("mean", "median", "trimmed-mean", "krum"),
+                           help="FedAvg family: Flower's aggregation of the valid uploads (FedAvg, FedMedian, "
+                                "FedTrimmedAvg, Krum)")
     server_epochs: int = opt(30, low=1, help="epochs of server-side training (one-shot methods)")
 
 

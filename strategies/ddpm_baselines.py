@@ -24,7 +24,7 @@ from fedapp.data import all_client_shards
 from fedapp.models.ddpm import build_ddpm, train_ddpm
 from fedapp.protocols import ARRAYS_KEY, NUM_EXAMPLES_KEY, RUN_KEY
 from fedapp.protocols import pfdm as P
-from fedapp.protocols.records import partition_of, tensors_of
+from fedapp.protocols.records import dtypes_of, partition_of, tensors_of
 from fedapp.server import FedappStrategy, PhasedStrategy, keep_valid
 from strategies.generation_eval import GenerationEval, memorisation, sample_model
 
@@ -72,11 +72,12 @@ class FedAvgDDPMStrategy(FedappStrategy, FedAvg):
                          weighted_by_key=NUM_EXAMPLES_KEY, arrayrecord_key=ARRAYS_KEY, configrecord_key=RUN_KEY)
         self.bind(run)
         self._expected: dict[str, tuple] = {}
+        self._dtypes: dict[str, str] = {}
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         max_bytes = self.run.cfg.max_upload_mb * 2**20
         valid = keep_valid(self.run, replies, P.FEDAVG_TRAIN,
-                           lambda c: P.validate_fedavg_train(c, self._expected, max_bytes))
+                           lambda c: P.validate_fedavg_train(c, self._expected, max_bytes, self._dtypes))
         return super().aggregate_train(server_round, valid)
 
     def execute(self, grid) -> dict[str, Any]:
@@ -87,6 +88,7 @@ class FedAvgDDPMStrategy(FedappStrategy, FedAvg):
         model = build_ddpm(cfg.image_size, ev.num_classes, flag=False, channels=cfg.options.channels)
         initial = ArrayRecord(model.state_dict())
         self._expected = {k: tuple(a.shape) for k, a in initial.items()}
+        self._dtypes = dtypes_of(initial)
         result = self.start(grid=grid, initial_arrays=initial, num_rounds=cfg.num_server_rounds,
                             timeout=cfg.round_timeout, train_config=self.run_config_record())
         model.load_state_dict(result.arrays.to_torch_state_dict())

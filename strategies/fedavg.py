@@ -2,9 +2,15 @@
 
 Protocol: fedapp/protocols/classify.py (train: weights down, weights + num-examples up; evaluate:
 weights down, accuracy up). What fedapp adds to Flower's loop: every upload passes the validation
-gate against the global model's keys and shapes before Flower averages it, bytes are metered by the
-grid, the global test set is evaluated after every round, and each client's test accuracy is kept
-for the summary.
+gate against the global model's keys, shapes and dtypes before Flower aggregates it, bytes are
+metered by the grid, the global test set is evaluated after every round, and each client's test
+accuracy is kept for the summary.
+
+`aggregation` (run config) picks Flower's aggregation of the valid uploads: `mean` (FedAvg's
+num-examples-weighted mean), `median` (FedMedian: coordinate-wise median), `trimmed-mean`
+(FedTrimmedAvg, Flower's beta = 0.2: that fraction cut at each end per coordinate, then the plain mean)
+or `krum` (Krum, Flower's num_malicious_nodes = 0: the one upload closest to its n - 2 nearest
+neighbours). Every FedAvg-family method (fedavg, fedprox, moon, feddifrc) inherits it.
 """
 
 from __future__ import annotations
@@ -14,26 +20,35 @@ from typing import Any, Iterable
 
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord
-from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy import FedAvg, FedMedian, FedTrimmedAvg, Krum
 
 from fedapp.metrics import accuracy_by_group, weighted_client_accuracy
 from fedapp.models.classifier import build_classifier
 from fedapp.protocols import ACCURACY_KEY, ARRAYS_KEY, NUM_EXAMPLES_KEY, RUN_KEY
 from fedapp.protocols import classify as P
+from fedapp.protocols.records import dtypes_of
 from fedapp.server import FedappStrategy, ServerRun, keep_valid
 from fedapp.server.checkpoint import save_checkpoint, save_model
 
 log = logging.getLogger("fedapp")
 
 
+# `aggregation` -> the Flower strategy whose aggregate_train combines the valid uploads (None: FedAvg's own)
+AGGREGATORS = {"mean": None, "median": FedMedian, "trimmed-mean": FedTrimmedAvg, "krum": Krum}
+
+
 class FedAvgStrategy(FedappStrategy, FedAvg):
+    train_phase = P.TRAIN  # a method whose clients report more train metrics declares its own
+
     def __init__(self, run: ServerRun, **kwargs: Any):
         n = run.cfg.min_clients
-        super().__init__(min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n,
-                         weighted_by_key=NUM_EXAMPLES_KEY, arrayrecord_key=ARRAYS_KEY, configrecord_key=RUN_KEY,
-                         **kwargs)
+        keys = dict(weighted_by_key=NUM_EXAMPLES_KEY, arrayrecord_key=ARRAYS_KEY, configrecord_key=RUN_KEY)
+        super().__init__(min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n, **keys, **kwargs)
         self.bind(run)
+        robust = AGGREGATORS[run.cfg.aggregation]
+        self.aggregator = robust(**keys) if robust is not None else None
         self._expected: dict[str, tuple] = {}
+        self._dtypes: dict[str, str] = {}
         self._client_acc: dict[int, dict[str, Any]] = {}
         self.round_offset = 0  # rounds a resumed run already has: Flower's loop counts from 1 again
 
@@ -45,9 +60,13 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
         return super().configure_evaluate(server_round + self.round_offset, arrays, config, grid)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+        """The valid uploads only (the gate: fedapp.server.validation), aggregated as `aggregation` says."""
         max_bytes = self.run.cfg.max_upload_mb * 2**20
-        valid = keep_valid(self.run, replies, P.TRAIN, lambda c: P.validate_train(c, self._expected, max_bytes))
+        valid = keep_valid(self.run, replies, self.train_phase,
+                           lambda c: P.validate_train(c, self._expected, max_bytes, self._dtypes))
         self.on_valid_train(valid)
+        if self.aggregator is not None:
+            return self.aggregator.aggregate_train(server_round, valid)
         return super().aggregate_train(server_round, valid)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
@@ -90,6 +109,7 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
             self.round_offset = self.run.resume_from.round
         initial = ArrayRecord(model.state_dict())
         self._expected = {k: tuple(a.shape) for k, a in initial.items()}
+        self._dtypes = dtypes_of(initial)
         result = self.start(grid=grid, initial_arrays=initial, num_rounds=cfg.num_server_rounds - self.round_offset,
                             timeout=cfg.round_timeout, train_config=self.run_config_record(),
                             evaluate_config=self.run_config_record(), evaluate_fn=self.global_evaluate)

@@ -24,6 +24,8 @@ from strategies.fedavg import FedAvgStrategy
 
 
 class FedDifRCStrategy(FedAvgStrategy):
+    train_phase = P.TRAIN  # FedAvg's, with the regulariser and cache metrics
+
     def __init__(self, run: ServerRun):
         super().__init__(run)
         self._cache: dict[int, dict[str, float]] = {}

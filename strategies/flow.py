@@ -24,7 +24,7 @@ from fedapp.images import save_pair_grid
 from fedapp.models.compose import build_velocity, generate
 from fedapp.protocols import RUN_KEY
 from fedapp.protocols import dcfm as P
-from fedapp.protocols.records import partition_of, record_nbytes, run_config_record, tensors_of
+from fedapp.protocols.records import dtypes_of, partition_of, record_nbytes, run_config_record, tensors_of
 from fedapp.server import PhasedStrategy, ServerRun
 
 log = logging.getLogger("fedapp")
@@ -55,6 +55,7 @@ class FlowTask:
         self.shape = (server.info.channels, cfg.image_size, cfg.image_size)
         net = self.new_model()
         self.expected = {k: tuple(v.shape) for k, v in net.state_dict().items()}
+        self.dtypes = dtypes_of(ArrayRecord(net.state_dict()))  # an integer upload is never averaged in
         # one model transfer = the serialised ArrayRecord of a velocity net, as the MeteredGrid counts it
         self.model_bytes = record_nbytes(RecordDict({P.EXPERT_KEY: ArrayRecord(net.state_dict())}))
 
@@ -69,7 +70,7 @@ class FlowTask:
 
     def validate(self, content: RecordDict) -> str | None:
         """An expert upload (train, query.peer) against this run's velocity net."""
-        return P.validate_expert(content, self.expected, self.sizes, self.run.cfg.max_upload_mb * 2**20)
+        return P.validate_expert(content, self.expected, self.sizes, self.run.cfg.max_upload_mb * 2**20, self.dtypes)
 
 
 class FlowEvaluation:

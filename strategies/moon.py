@@ -10,10 +10,13 @@ Server side: FedAvg, over a classifier with a projection head.
 from __future__ import annotations
 
 from fedapp.models.classifier import build_classifier
+from fedapp.protocols import moon as P
 from strategies.fedavg import FedAvgStrategy
 
 
 class MoonStrategy(FedAvgStrategy):
+    train_phase = P.TRAIN  # FedAvg's, with the train_con metric
+
     def build_model(self):
         cfg = self.run.cfg
         return build_classifier(cfg.model, self.server_data().info.num_classes, proj_dim=cfg.options.proj_dim)

@@ -184,6 +184,10 @@ def _set(index, value):
     ("cluster_sizes", _set(0, 7), "sum to"),
     ("class_counts", lambda t: t.float(), "integer"),
     ("embedding_class", _set(0, 12), "out of range"),
+    ("gmm_variances", _set((0, 0, 0), 1e30), f"exceeds {protocol.GMM_MAX_VARIANCE:g}"),
+    ("gmm_means", _set((0, 0, 0), -1e3), f"exceeds {protocol.GMM_MAX_ABS_MEAN:g}"),
+    ("embeddings", _set((0, 0, 0), 1e4), f"a token of norm 1e+04 exceeds {protocol.EMBEDDING_MAX_NORM:g}"),
+    ("gmm_means", lambda t: t.long(), "not a floating-point type"),
 ])
 def test_validate_rejects_bad_uploads_with_a_reason(prior, upload, key, fn, why):
     opts, up = _opts(), upload
@@ -214,6 +218,9 @@ class _CannedGrid:
     def __init__(self, replies):
         self.replies = replies
 
+    def get_node_ids(self):
+        return [1, 2, 3]
+
     def send_and_receive(self, messages, timeout=None):
         return self.replies
 
@@ -221,14 +228,14 @@ class _CannedGrid:
 def test_strategy_drops_a_bad_upload_and_keeps_the_rest(tmp_path, prior, shard, upload):
     s = _strategy(tmp_path, prior)
     up = upload
-    metrics = MetricRecord({"num-examples": len(shard.train)})
+    metrics = MetricRecord({"num-examples": len(shard.train), "client-seconds": 1.0, "num-conditions": 30})
     replies = [_reply(1, RecordDict({protocol.UPLOAD_KEY: ArrayRecord(up), "metrics": metrics})),
                _reply(2, _corrupt(up, "embeddings", _set((0, 0, 0), float("nan")))),
                _reply(3, _corrupt(up, "gmm_means", lambda t: t[:, :, :10]))]
     for r in replies[1:]:
         r.content["metrics"] = metrics
     validate = lambda c: protocol.validate_upload(c, **_check(prior, s.opts))  # noqa: E731
-    s.collect_uploads(_CannedGrid(replies), [1, 2, 3], validate)
+    s.collect_uploads(MeteredGrid(_CannedGrid(replies), s.run), [1, 2, 3], validate)
     assert sorted(s.uploads) == [0] and s.upload_bytes[0] > 0
     assert [(f["node_id"], f["phase"]) for f in s.run.failures] == [(2, "train"), (3, "train")]
     assert "non-finite" in s.run.failures[0]["reason"] and "shape" in s.run.failures[1]["reason"]
@@ -236,7 +243,8 @@ def test_strategy_drops_a_bad_upload_and_keeps_the_rest(tmp_path, prior, shard, 
     x, y, who, _ = s.synthesize_all(prior.encode_prompts(class_prompts(DATASET, shard.info.class_names)), 10)
     assert len(x) == len(y) == len(shard.train) and who.unique().tolist() == [0]  # ratio 1, one valid upload
     with pytest.raises(RuntimeError, match="min-clients"):  # too few valid uploads stops the run
-        _strategy(tmp_path, prior, **{"min-clients": 2}).collect_uploads(_CannedGrid(replies[1:]), [2, 3], validate)
+        s2 = _strategy(tmp_path, prior, **{"min-clients": 2})
+        s2.collect_uploads(MeteredGrid(_CannedGrid(replies[1:]), s2.run), [2, 3], validate)
 
 
 # ---- synthesis ---------------------------------------------------------------------------------------------

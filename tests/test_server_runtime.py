@@ -11,6 +11,7 @@ from fedapp.results import RunDir
 from fedapp.protocols import Phase
 from fedapp.protocols.records import check_arrays, record_nbytes
 from fedapp.server import MeteredGrid, ServerRun, keep_valid
+from fedapp.server.grid import claim_partition
 from strategies.fedavg import FedAvgStrategy
 
 
@@ -18,11 +19,20 @@ pytestmark = pytest.mark.usefixtures("inside_a_run")
 
 
 def _reply(node: int, arrays: dict, n: int = 10) -> Message:
-    content = RecordDict({"arrays": ArrayRecord(arrays), "metrics": MetricRecord({"num-examples": n}),
+    content = RecordDict({"arrays": ArrayRecord(arrays),
+                          "metrics": MetricRecord({"num-examples": n, "train_loss": 1.0, "train_ce": 1.0}),
                           "client": ConfigRecord({"partition-id": node})})
     reply = Message(content, dst_node_id=0, message_type="train")
     reply.metadata._src_node_id = node  # as the SuperLink sets it on a reply
     return reply
+
+
+def _claimed(run: ServerRun, replies: list, num_partitions: int = 5) -> list:
+    """What MeteredGrid does before a strategy sees the replies: each node's partition claim recorded."""
+    run.num_partitions = num_partitions
+    for r in replies:
+        assert claim_partition(run, r.metadata.src_node_id, r.content, live=set()) is None
+    return replies
 
 
 def test_check_arrays_catches_nan_shape_keys_and_size():
@@ -40,12 +50,12 @@ def test_nan_and_misshaped_uploads_are_dropped_not_aggregated(tmp_path):
     run = ServerRun(cfg=cfg, out=RunDir(tmp_path / "r"))
     strat = FedAvgStrategy(run)
     strat._expected = {"w": (2,)}
-    replies = [
+    replies = _claimed(run, [
         _reply(1, {"w": torch.tensor([1.0, 1.0])}),
         _reply(2, {"w": torch.tensor([3.0, 3.0])}),
         _reply(3, {"w": torch.tensor([float("nan"), 0.0])}),
         _reply(4, {"w": torch.zeros(3)}),
-    ]
+    ])
     arrays, _ = strat.aggregate_train(1, replies)
     np.testing.assert_allclose(arrays["w"].numpy(), [2.0, 2.0])  # mean of the two good ones
     dropped = {f["node_id"]: f["reason"] for f in run.failures}
@@ -56,6 +66,9 @@ def test_nan_and_misshaped_uploads_are_dropped_not_aggregated(tmp_path):
 class _FakeGrid:
     def __init__(self, fail_node=None):
         self.fail_node = fail_node
+
+    def get_node_ids(self):
+        return [1, 2]
 
     def send_and_receive(self, messages, timeout=None):
         out = []
@@ -97,7 +110,7 @@ def test_validation_never_raises_and_checks_the_phase_records(tmp_path):
     cfg = parse_run_config({"min-clients": 1})
     run = ServerRun(cfg=cfg, out=RunDir(tmp_path / "r"))
     phase = Phase("train", down=("arrays",), up=("arrays", "metrics"))
-    good, extra, boom = (_reply(n, {"w": torch.zeros(2)}) for n in (1, 2, 3))
+    good, extra, boom = _claimed(run, [_reply(n, {"w": torch.zeros(2)}) for n in (1, 2, 3)])
     extra.content["smuggled"] = ConfigRecord({"x": 1})
 
     def validate(content):
@@ -110,8 +123,9 @@ def test_validation_never_raises_and_checks_the_phase_records(tmp_path):
     reasons = {f["node_id"]: f["reason"] for f in run.failures}
     assert "records" in reasons[2] and "smuggled" in reasons[2]
     assert "malformed upload (KeyError" in reasons[3]
+    two = ServerRun(cfg=parse_run_config({"min-clients": 2}), out=run.out)
     with pytest.raises(RuntimeError, match="min-clients=2"):
-        keep_valid(ServerRun(cfg=parse_run_config({"min-clients": 2}), out=run.out), [good], phase, validate)
+        keep_valid(two, _claimed(two, [good]), phase, validate)
 
 
 def test_check_arrays_rejects_unreadable_bytes():

@@ -15,8 +15,10 @@ from dataclasses import dataclass
 from flwr.app import ConfigRecord, RecordDict
 
 from fedapp.config import ConfigError, opt
-from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, Phase
-from fedapp.protocols.records import check_arrays
+import numpy as np
+
+from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY, Phase, ShardFacts
+from fedapp.protocols.records import check_arrays, check_at_most
 
 NAMESPACE = "dcfm"
 ATTRS = ("digit", "color")  # the two attributes y = (y_1, y_2) of the composition data
@@ -32,12 +34,34 @@ RECEIVED = "received"  # query.receive metric
 STATE_EXPERT = "dcfm-expert"  # node state: the client's own expert between rounds
 STATE_STUDENT = "dcfm-student"  # node state: variant B's student once received
 
+TRAIN_FM, TRAIN_CI = "train_fm", "train_ci"  # train metrics: mean L_FM and CI penalty over the local steps
+EXPERT_METRICS = (NUM_EXAMPLES_KEY, TRAIN_FM, TRAIN_CI)
+
+
+def within_shard(content: RecordDict, facts: ShardFacts) -> str | None:
+    """Pair counts n_a(y_1, y_2) at most the shard's (they weight the server's mixture of experts),
+    summing to num-examples (FedFlow's averaging weight)."""
+    pairs = content.array_records[COUNTS_KEY][PAIRS].numpy()
+    a, b = ATTRS
+    if a not in facts.attrs or b not in facts.attrs:
+        return f"the data has no {a!r}/{b!r} attributes to count pairs of"
+    shard = np.zeros((facts.attr_sizes[a], facts.attr_sizes[b]), dtype=np.int64)
+    np.add.at(shard, (facts.attrs[a], facts.attrs[b]), 1)
+    why = check_at_most("pair counts", pairs, shard)
+    n = content.metric_records[METRICS_KEY][NUM_EXAMPLES_KEY]
+    if why is None and int(pairs.sum()) != n:
+        why = f"pair counts sum to {int(pairs.sum())} but {NUM_EXAMPLES_KEY}={n!r}"
+    return why
+
+
 TRAIN = Phase("train", down=(PHASE_KEY, ARRAYS_KEY), up=(EXPERT_KEY, COUNTS_KEY, METRICS_KEY),
-              doc="Stage I expert (L_FM + lambda L_CI) or one fedflow local round from the global model")
+              doc="Stage I expert (L_FM + lambda L_CI) or one fedflow local round from the global model",
+              metrics=EXPERT_METRICS, bound=within_shard)
 PEER = Phase("query.peer", down=(PEER_PREFIX, PEER_COUNTS_PREFIX), up=(EXPERT_KEY, COUNTS_KEY, METRICS_KEY),
-             doc="variant A: the expert trained with L_peerCI against the frozen peers")
+             doc="variant A: the expert trained with L_peerCI against the frozen peers",
+             metrics=EXPERT_METRICS, bound=within_shard)
 RECEIVE = Phase("query.receive", down=(ARRAYS_KEY, ROUTER_KEY, PEER_PREFIX), up=(METRICS_KEY,),
-                doc="the generator goes back to the clients")
+                doc="the generator goes back to the clients", metrics=(RECEIVED,))
 PHASES = (TRAIN, PEER, RECEIVE)
 
 
@@ -96,10 +120,10 @@ def phase_record(lambda_ci: float, steps: int | None = None) -> ConfigRecord:
 
 
 def validate_expert(content: RecordDict, expected: dict[str, tuple], sizes: list[int],
-                    max_bytes: float | None) -> str | None:
-    """An expert upload: the velocity net's exact keys/shapes (finite), and integer, non-negative,
-    non-empty pair counts of shape (|Y_1|, |Y_2|)."""
-    why = check_arrays(content.array_records.get(EXPERT_KEY), expected, max_bytes)
+                    max_bytes: float | None, dtypes: dict[str, str] | None = None) -> str | None:
+    """An expert upload: the velocity net's exact keys/shapes (and, with `dtypes`, dtypes; finite), and
+    integer, non-negative, non-empty pair counts of shape (|Y_1|, |Y_2|)."""
+    why = check_arrays(content.array_records.get(EXPERT_KEY), expected, max_bytes, dtypes)
     if why is not None:
         return why
     why = check_arrays(content.array_records.get(COUNTS_KEY), {PAIRS: tuple(sizes)})

@@ -19,8 +19,8 @@ from flwr.app import RecordDict
 
 from fedapp.config import ConfigError, opt
 from fedapp.models.prior.samplers import DEFAULT_GAMMA2, DEFAULT_GUIDANCE, DEFAULT_ZIGZAG_T
-from fedapp.protocols import EVALUATE, METRICS_KEY, Phase
-from fedapp.protocols.records import check_arrays, check_integer, tensors_of
+from fedapp.protocols import EVALUATE, METRICS_KEY, NUM_EXAMPLES_KEY, Phase, ShardFacts
+from fedapp.protocols.records import check_arrays, check_at_most, check_float, check_integer, tensors_of
 
 NAMESPACE = "espresso"
 USES_PRIOR = True  # the `prior` key must resolve before the run starts (fedapp.preflight)
@@ -32,8 +32,31 @@ NEEDS_PRIOR, REASON = "needs-prior", "reason"
 CLIENT_SECONDS = "client-seconds"  # train metric: seconds of the client's work
 NUM_CONDITIONS = "num-conditions"  # train metric
 
+# Bounds of an upload's real-valued parts, beyond which it is not what a client computes:
+# A coordinate of a forward-diffused latent z^T has variance abar_T Var(z^0) + (1 - abar_T), about 1;
+# a diagonal GMM component fitted to a handful of them reaches ~10 (7 measured with 16 samples).
+GMM_MAX_VARIANCE = 1e2
+# z^T's coordinates are about N(0, 1): a component mean beyond 100 standard deviations is not a fit.
+GMM_MAX_ABS_MEAN = 1e2
+# Text encoders emit token vectors of norm O(10) (CLIP ViT-L/14: ~28; the tiny prior: ~6), and condition
+# learning starts there, moving a coordinate by ~lr per Adam step: 1e3 per token is far above any of them.
+EMBEDDING_MAX_NORM = 1e3
+
+
+def within_shard(content: RecordDict, facts: ShardFacts) -> str | None:
+    """class_counts at most the client's shard's (the server synthesises ratio x count images per
+    class), summing to num-examples."""
+    counts = content.array_records[UPLOAD_KEY]["class_counts"].numpy()
+    why = check_at_most("class_counts", counts, facts.class_counts())
+    n = content.metric_records[METRICS_KEY][NUM_EXAMPLES_KEY]
+    if why is None and int(counts.sum()) != n:
+        why = f"class_counts sum to {int(counts.sum())} but {NUM_EXAMPLES_KEY}={n!r}"
+    return why
+
+
 TRAIN = Phase("train", down=(PRIOR_KEY,), up=(UPLOAD_KEY, METRICS_KEY),
-              doc="conditions + GMM + class counts up; the prior's weights down when shipped")
+              doc="conditions + GMM + class counts up; the prior's weights down when shipped",
+              metrics=(NUM_EXAMPLES_KEY, CLIENT_SECONDS, NUM_CONDITIONS), bound=within_shard)
 PRIOR_REQUEST = Phase("train", down=(), up=(REQUEST_KEY,), doc="a client's answer when it lacks the prior")
 PHASES = (TRAIN, EVALUATE)
 # Run-config keys only the server reads (synthesis and its classifier): two runs that differ only in
@@ -100,6 +123,9 @@ def _check_conditions(u: dict[str, torch.Tensor], counts: torch.Tensor, per_clas
         return "embedding_class: class index out of range"
     if len(sizes) and sizes.min() < 1:
         return "cluster_sizes: a cluster with no images"
+    norms = u["embeddings"].norm(dim=-1)  # (E, L): one per token of each condition
+    if (norms > EMBEDDING_MAX_NORM).any():
+        return f"embeddings: a token of norm {float(norms.max()):.3g} exceeds {EMBEDDING_MAX_NORM:g}"
     for c in range(len(counts)):
         sel = cls == c
         k, n = int(sel.sum()), int(counts[c])
@@ -122,20 +148,27 @@ def _check_gmm(u: dict[str, torch.Tensor], counts: torch.Tensor) -> str | None:
         return "gmm_weights: negative or not summing to 1"
     if (var <= 0).any():
         return "gmm_variances: not positive"
+    if (var > GMM_MAX_VARIANCE).any():
+        return f"gmm_variances: max {float(var.max()):.3g} exceeds {GMM_MAX_VARIANCE:g}"
+    if (u["gmm_means"].abs() > GMM_MAX_ABS_MEAN).any():
+        return f"gmm_means: |mean| up to {float(u['gmm_means'].abs().max()):.3g} exceeds {GMM_MAX_ABS_MEAN:g}"
     return None
 
 
 def validate_upload(content: RecordDict, *, opts: EspressoOptions, num_classes: int,
                     cond_shape: tuple[int, int], latent_dim: int, max_bytes: float | None = None) -> str | None:
     """Why an Espresso upload is unacceptable, or None: check_arrays (keys, shapes, numeric dtype,
-    finite, size), then integer counts, conditions consistent with the class counts (1..J per class
-    with images, cluster sizes summing to the count), GMM weights on the simplex, variances > 0."""
+    finite, size), then integer counts and floating-point embeddings and GMM, conditions consistent
+    with the class counts (1..J per class with images, cluster sizes summing to the count, token norms
+    at most EMBEDDING_MAX_NORM), GMM weights on the simplex, 0 < variances <= GMM_MAX_VARIANCE,
+    |means| <= GMM_MAX_ABS_MEAN. The counts against the client's shard: TRAIN.bound (within_shard)."""
     rec = content.array_records.get(UPLOAD_KEY)
     why = check_arrays(rec, expected_shapes(opts, num_classes, cond_shape, latent_dim), max_bytes)
     if why is not None:
         return why
     u = tensors_of(rec)
-    why = check_integer(u, "class_counts", "embedding_class", "cluster_sizes", "gmm_class")
+    why = (check_integer(u, "class_counts", "embedding_class", "cluster_sizes", "gmm_class")
+           or check_float(u, "embeddings", "gmm_weights", "gmm_means", "gmm_variances"))
     if why is not None:
         return why
     counts = u["class_counts"]

@@ -18,9 +18,11 @@ from dataclasses import dataclass
 from flwr.app import RecordDict
 
 from fedapp.config import ConfigError, opt
-from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, Phase
+import numpy as np
+
+from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY, Phase, ShardFacts
 from fedapp.protocols.classify import validate_train
-from fedapp.protocols.records import check_arrays
+from fedapp.protocols.records import check_arrays, check_at_most
 
 NAMESPACE = "pfdm"
 UPLOAD_KEY = "upload"  # ArrayRecord {x, y}: the local-DP release
@@ -33,12 +35,25 @@ STATE_PRIVATE = "pfdm.private"  # node state, never sent: the private denoiser's
 X, Y = "x", "y"  # images (N, C, H, W) and their integer class labels (N,)
 PRIVATE_ONLY = "private_only"  # SAMPLES_KEY of pfdm: the private denoiser's own samples T -> 0, for the same Y
 
+def within_shard(content: RecordDict, facts: ShardFacts) -> str | None:
+    """One released image per training image of the shard: labels per class at most the shard's,
+    as many as num-examples (the server trains its shared denoiser on the union of the releases)."""
+    y = content.array_records[UPLOAD_KEY][Y].numpy()
+    why = check_at_most("labels per class", np.bincount(y, minlength=facts.num_classes), facts.class_counts())
+    n = content.metric_records[METRICS_KEY][NUM_EXAMPLES_KEY]
+    if why is None and len(y) != n:
+        why = f"{len(y)} released images but {NUM_EXAMPLES_KEY}={n!r}"
+    return why
+
+
 TRAIN = Phase("train", down=(), up=(UPLOAD_KEY, METRICS_KEY),
-              doc="private denoiser trained and kept; clipped, forward-diffused data released")
+              doc="private denoiser trained and kept; clipped, forward-diffused data released",
+              metrics=(NUM_EXAMPLES_KEY, T0_METRIC), bound=within_shard)
 SAMPLE = Phase("query.sample", down=(SHARED_KEY,), up=(SAMPLES_KEY,),
                doc="shared T -> t0, private t0 -> 0; samples back for scoring")
 LOCAL_SAMPLE = Phase("query.sample", down=(), up=(SAMPLES_KEY,), doc="local-only: samples of the own DDPM")
-FEDAVG_TRAIN = Phase("train", down=(ARRAYS_KEY,), up=(ARRAYS_KEY, METRICS_KEY), doc="fedavg-ddpm round")
+FEDAVG_TRAIN = Phase("train", down=(ARRAYS_KEY,), up=(ARRAYS_KEY, METRICS_KEY), doc="fedavg-ddpm round",
+                     metrics=(NUM_EXAMPLES_KEY, TRAIN_LOSS_METRIC))
 PHASES = (TRAIN, SAMPLE, LOCAL_SAMPLE, FEDAVG_TRAIN)
 
 
@@ -95,6 +110,7 @@ def validate_samples(content: RecordDict, shape: tuple, keys: tuple[str, ...] = 
     return check_arrays(rec, {**images, Y: (None,)})
 
 
-def validate_fedavg_train(content: RecordDict, expected: dict[str, tuple], max_bytes: float | None) -> str | None:
-    """fedavg-ddpm's upload is FedAvg's: the global DDPM's exact keys and shapes, finite, a sane weight."""
-    return validate_train(content, expected, max_bytes)
+def validate_fedavg_train(content: RecordDict, expected: dict[str, tuple], max_bytes: float | None,
+                          dtypes: dict[str, str] | None = None) -> str | None:
+    """fedavg-ddpm's upload is FedAvg's: the global DDPM's exact keys, shapes and dtypes, finite, a sane weight."""
+    return validate_train(content, expected, max_bytes, dtypes)

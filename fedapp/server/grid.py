@@ -25,7 +25,8 @@ log = logging.getLogger("fedapp")
 
 
 class MeteredGrid:
-    """A Grid proxy that counts bytes per client and phase and records failed replies."""
+    """A Grid proxy that counts bytes per client and phase, records failed replies and holds the
+    node -> partition map (drops a reply whose claim it refuses: `claim_partition`)."""
 
     def __init__(self, grid: Any, run: ServerRun):
         self._grid = grid
