@@ -200,7 +200,7 @@ def compute_targets(ctx: ClientContext) -> DiffusionTargets:
     want = len(o.blocks) if o.blocks else 3
     if len(extractor.up_blocks) != want:
         raise ValueError(f"feddifrc.up-blocks={o.up_blocks!r}: the prior's UNet has only "
-                         f"{len(prior.unet.up_blocks)} up-blocks; name them explicitly, e.g. '0,1'")
+                         f"{prior.num_up_blocks} up-blocks; name them explicitly, e.g. '0,1'")
     memo = _RAW.setdefault(repr((c.prior, c.dataset, c.image_size, o.t, extractor.up_blocks, seed, ctx.device)),
                            {}) if SHARE_RAW_FEATURES else None
     fit_on = None

@@ -22,7 +22,7 @@ class FeatureOutput:
 
 
 class UNetFeatureExtractor:
-    """DIFT features from `prior.unet.up_blocks[i]` for i in up_blocks.
+    """DIFT features from the prior's decoder up-blocks `up_blocks` (Prior.decoder_features).
 
     up_blocks=None takes the decoder's last three up-blocks (SD-1.5: (1, 2, 3) = FedDifRC's layers 2-4;
     the 3-level tiny prior: (0, 1, 2)). The noise is one (1, C, h, w) draw from `seed` shared by all
@@ -31,7 +31,7 @@ class UNetFeatureExtractor:
 
     def __init__(self, prior, t: int = 261, up_blocks: tuple[int, ...] | None = None, prompt: str | None = None,
                  seed: int = 0, batch_size: int = 64):
-        n = len(prior.unet.up_blocks)
+        n = prior.num_up_blocks
         up_blocks = tuple(range(max(0, n - 3), n)) if up_blocks is None else tuple(up_blocks)
         if not up_blocks or any(not 0 <= i < n for i in up_blocks):
             raise ValueError(f"up_blocks={up_blocks}: this UNet has up-blocks 0..{n - 1}")
@@ -41,11 +41,7 @@ class UNetFeatureExtractor:
         self.batch_size = batch_size
         g = torch.Generator().manual_seed(seed)
         self.noise = torch.randn(1, *prior.latent_shape, generator=g).to(prior.device, prior.dtype)
-        self.dims = [self._channels(i) for i in up_blocks]
-
-    def _channels(self, i: int) -> int:
-        block = self.prior.unet.up_blocks[i]
-        return block.resnets[-1].conv2.out_channels
+        self.dims = [prior.up_block_channels(i) for i in up_blocks]
 
     @property
     def dim(self) -> int:
@@ -63,19 +59,11 @@ class UNetFeatureExtractor:
         for s in range(0, len(x), self.batch_size):
             xb = x[s:s + self.batch_size]
             cb = cond if cond.shape[0] == 1 else cond[s:s + self.batch_size]
-            captured: dict[int, torch.Tensor] = {}
-            hooks = [prior.unet.up_blocks[i].register_forward_hook(
-                lambda _m, _inp, out, k=k: captured.__setitem__(k, out[0] if isinstance(out, tuple) else out))
-                for k, i in enumerate(self.up_blocks)]
-            try:
-                z0 = prior.encode_images(xb)
-                z_t = prior.add_noise(z0, self.noise.expand_as(z0), self.t)
-                prior.predict_noise(z_t, self.t, prior.condition(cb, len(xb)), guidance=1.0)
-            finally:
-                for h in hooks:
-                    h.remove()
-            for k in range(len(self.up_blocks)):
-                outs[k].append(F.adaptive_avg_pool2d(captured[k].float(), 1).flatten(1))
+            z0 = prior.encode_images(xb)
+            z_t = prior.add_noise(z0, self.noise.expand_as(z0), self.t)
+            t = torch.full((len(xb),), self.t, device=prior.device)
+            for k, out in enumerate(prior.decoder_features(z_t, t, prior.condition(cb, len(xb)), self.up_blocks)):
+                outs[k].append(F.adaptive_avg_pool2d(out.float(), 1).flatten(1))
         blocks = [torch.cat(o) for o in outs]
         return FeatureOutput(torch.cat(blocks, dim=1), blocks)
 

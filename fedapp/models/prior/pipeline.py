@@ -195,6 +195,30 @@ class Prior:
         eps_u, eps_c = self._eps(torch.cat([z, z]), torch.cat([t, t]), torch.cat([uncond, cond])).chunk(2)
         return eps_u + guidance * (eps_c - eps_u)
 
+    # ---- decoder features (DIFT) -----------------------------------------------------------------
+    @property
+    def num_up_blocks(self) -> int:
+        return len(self.unet.up_blocks)
+
+    def up_block_channels(self, i: int) -> int:
+        """Channels of decoder up-block i's output."""
+        return int(self.unet.up_blocks[i].resnets[-1].conv2.out_channels)
+
+    @torch.no_grad()
+    def decoder_features(self, z_t: torch.Tensor, t, cond: torch.Tensor, blocks: tuple[int, ...]) -> list[torch.Tensor]:
+        """One conditional UNet pass on z_t; the outputs of decoder up-blocks `blocks` (B, C_i, h_i, w_i),
+        read with forward hooks: the one place that knows the UNet's internals (DIFT, FedDifRC)."""
+        captured: dict[int, torch.Tensor] = {}
+        hooks = [self.unet.up_blocks[i].register_forward_hook(
+            lambda _m, _inp, out, k=k: captured.__setitem__(k, out[0] if isinstance(out, tuple) else out))
+            for k, i in enumerate(blocks)]
+        try:
+            self._eps(z_t, t, cond)
+        finally:
+            for h in hooks:
+                h.remove()
+        return [captured[k] for k in range(len(blocks))]
+
     # ---- the DDIM equations ----------------------------------------------------------------------
     def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, t) -> torch.Tensor:
         """Forward diffusion q(z_t | z_0): z_t = sqrt(abar_t) z_0 + sqrt(1 - abar_t) eps."""
