@@ -24,7 +24,7 @@ import logging
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from clients.classify import handle_evaluate
 from fedapp.client_context import ClientContext
@@ -185,32 +185,28 @@ def espresso_upload(prior, x: torch.Tensor, y: torch.Tensor, *, num_classes: int
 
 # ---- Flower handler ------------------------------------------------------------------------------
 def load_client_prior(msg: Message, cfg, device: str):
-    """The prior: unpacked from the message when the server shipped it (prior_to_bytes), else loaded
-    locally; None when neither works and the server may ship it (the client then asks)."""
-    from fedapp.models.prior import load_prior, prior_from_bytes
+    """The prior: rebuilt from the message when the server shipped the built-in one, else loaded from
+    this node's own disk or cache; a node that lacks it fails with the one-line reason."""
+    from fedapp.models.prior import load_prior, prior_from_records
 
-    shipped = msg.content.config_records.get(P.PRIOR_KEY)
-    if shipped is not None and P.PRIOR_BYTES in shipped:
-        return load_prior(prior_from_bytes(shipped[P.PRIOR_BYTES]), device=device), None
+    weights = msg.content.array_records.get(P.PRIOR_WEIGHTS_KEY)
+    files = msg.content.config_records.get(P.PRIOR_FILES_KEY)
+    if weights is not None and files is not None:
+        return load_prior(prior_from_records(weights, files), device=device)
     try:
-        return load_prior(cfg.prior, device=device, dataset=cfg.dataset), None
+        return load_prior(cfg.prior, device=device, dataset=cfg.dataset)
     except (ValueError, OSError) as err:
-        if cfg.options.ship_prior == "never":
-            raise
-        return None, str(err).splitlines()[0][:300]
+        raise ValueError(f"this node cannot load prior={cfg.prior!r}: {str(err).splitlines()[0][:300]}") from None
 
 
 def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
-    """The one upload: conditions + GMM + class counts (or a request for the prior's weights)."""
+    """The one upload: conditions + GMM + class counts."""
     import time
 
     from fedapp.models.text import class_prompts
 
     cfg, opts = ctx.cfg, ctx.cfg.options
-    prior, why = load_client_prior(msg, cfg, ctx.device) if P.needs_prior(opts) else (None, None)
-    if prior is None and why is not None:
-        log.info("client %d cannot load prior %r (%s): asking the server for it", ctx.partition_id, cfg.prior, why)
-        return RecordDict({P.REQUEST_KEY: ConfigRecord({P.NEEDS_PRIOR: True, P.REASON: why})})
+    prior = load_client_prior(msg, cfg, ctx.device) if P.needs_prior(opts) else None
     shard = ctx.shard
     t0 = time.time()
     up = espresso_upload(prior, shard.train.x, shard.train.y, num_classes=shard.info.num_classes,

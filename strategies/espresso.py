@@ -19,9 +19,9 @@ espresso.init = gaussian | gmm (G), espresso.sampler = ddim | zigzag (Z). Regist
 fixed switches: `prompts` (class prompt, Gaussian noise, DDIM) and `class-embed` (one learned
 condition per class, FedDEO-like, Gaussian noise, DDIM).
 
-The prior: the server loads it (`prior` key; the built-in `tiny` is built on first use). Clients
-that cannot load it get its weights (prior_to_bytes) in the `train` message: always for `tiny`
-(the clients need not have built it) and with `espresso.ship-prior=always`, else when they ask.
+The prior: the server loads it (`prior` key; the built-in `tiny` is built on first use) and ships the
+built-in one to the clients in the `train` message (an ArrayRecord of its weights, which Flower
+chunks); a folder or hub prior every node loads from its own disk or cache.
 The message protocol (keys, upload schema, validation) is fedapp/protocols/espresso.py.
 """
 
@@ -117,7 +117,7 @@ class EspressoStrategy(OneShotStrategy):
         self.domains: dict[int, str] = {}  # partition id -> domain, when the data has domains
         self.client_seconds: dict[int, float] = {}  # partition id -> seconds of its client work
         self.prior = None
-        self._prior_bytes: bytes | None = None
+        self._prior_records: dict[str, Any] | None = None
 
     def run_config_record(self, **extra: Any) -> ConfigRecord:
         """The run config with the pinned switches, so the clients learn what the method needs."""
@@ -125,45 +125,26 @@ class EspressoStrategy(OneShotStrategy):
         return super().run_config_record(**fixed, **extra)
 
     # ---- phase 1: the uploads -----------------------------------------------------------------------
-    def prior_bytes(self) -> bytes:
-        if self._prior_bytes is None:
-            from fedapp.models.prior import prior_folder, prior_to_bytes
+    def prior_records(self) -> dict[str, Any]:
+        """The built-in prior as the train message's records (Flower chunks the ArrayRecord)."""
+        if self._prior_records is None:
+            from fedapp.models.prior import prior_folder, prior_to_records
 
-            folder = prior_folder(self.run.cfg.prior, self.run.cfg.dataset)
-            if folder is None:
-                raise RuntimeError(f"prior={self.run.cfg.prior!r} is a hub id: the server has no folder to ship; "
-                                   "give clients the prior locally or name a folder")
-            self._prior_bytes = prior_to_bytes(folder)
-        return self._prior_bytes
+            weights, files = prior_to_records(prior_folder(self.run.cfg.prior, self.run.cfg.dataset))
+            self._prior_records = {P.PRIOR_WEIGHTS_KEY: weights, P.PRIOR_FILES_KEY: files}
+        return self._prior_records
 
-    def ship_first(self) -> bool:
-        """Ship the prior with the first message: always for the built-in tiny prior (clients need not
-        have built it) and with ship-prior=always; never when the clients need no prior."""
+    def ships_prior(self) -> bool:
+        """The built-in tiny prior goes to the clients (they need not have built it) unless
+        ship-prior=never or the clients need no prior; a folder or hub prior never does."""
         from fedapp.models.prior import is_tiny
 
-        if not P.needs_prior(self.opts):
-            return False
-        return self.opts.ship_prior == "always" or (self.opts.ship_prior == "auto" and is_tiny(self.run.cfg.prior))
-
-    def send_train(self, grid, nodes: list[int], ship: bool) -> list[Message]:
-        records = (lambda n: {P.PRIOR_KEY: ConfigRecord({P.PRIOR_BYTES: self.prior_bytes()})}) if ship else None
-        return list(self.exchange(grid, P.TRAIN, nodes, records, config=self.run_config_record()))
+        return P.needs_prior(self.opts) and self.opts.ship_prior == "auto" and is_tiny(self.run.cfg.prior)
 
     def collect_uploads(self, grid, nodes: list[int], validate) -> None:
-        """The one upload phase; clients that ask for the prior get its weights and answer again."""
-        replies = self.send_train(grid, nodes, self.ship_first())
-        asking = [r for r in replies if not r.has_error() and P.REQUEST_KEY in r.content.config_records]
-        if asking:
-            replies = [r for r in replies if not any(r is a for a in asking)]
-            again = sorted(r.metadata.src_node_id for r in asking)
-            try:
-                size = len(self.prior_bytes())
-            except RuntimeError as err:  # nothing to ship (hub id): those clients are out
-                for n in again:
-                    self.run.fail(n, P.TRAIN.name, f"cannot load the prior and it cannot be shipped: {err}")
-            else:
-                log.info("[train] %d client(s) cannot load the prior: shipping it (%d bytes)", len(again), size)
-                replies += self.send_train(grid, again, ship=True)
+        """The one upload phase: every valid upload is kept."""
+        records = (lambda n: self.prior_records()) if self.ships_prior() else None
+        replies = self.exchange(grid, P.TRAIN, nodes, records, config=self.run_config_record())
         for r in keep_valid(self.run, replies, P.TRAIN, validate):
             self.keep_upload(r)
         log.info("[train] kept uploads of clients %s (min-clients=%d); client seconds %s", sorted(self.uploads),

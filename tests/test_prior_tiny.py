@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from fedapp.models import load_prior, prior_from_bytes, prior_to_bytes
+from fedapp.models import load_prior, prior_from_records, prior_to_records
 from fedapp.models.text import class_prompts
 from fedapp.models.prior.tiny import TEST_CONFIG, build_tiny_prior, build_tokenizer, tiny_prior_path
 
@@ -83,17 +83,24 @@ def test_tokenizer_round_trip(tmp_path):
     assert back("zebra", **kw).input_ids[1] == tok.unk_token_id
 
 
-def test_bytes_shipping_round_trip(built, tmp_path):
+def test_shipping_as_records_round_trips_and_refuses_bad_paths(built, tmp_path):
+    from flwr.app import ConfigRecord
+
     _, folder = built
-    data = prior_to_bytes(folder)
-    assert data == prior_to_bytes(folder)  # deterministic
-    shipped = prior_from_bytes(data, cache_dir=tmp_path)
-    assert shipped.name.startswith("shipped-") and prior_from_bytes(data, cache_dir=tmp_path) == shipped
+    weights, files = prior_to_records(folder)
+    assert all("::" in k and k.split("::")[0].endswith(".safetensors") for k in weights.keys())
+    assert "unet/config.json" in files.keys() and "model_index.json" in files.keys()
+    shipped = prior_from_records(weights, files, cache_dir=tmp_path)
+    assert shipped.name.startswith("shipped-") and prior_from_records(weights, files, cache_dir=tmp_path) == shipped
     a, b = load_prior(folder), load_prior(shipped)
     for (ka, va), (kb, vb) in zip(a.unet.state_dict().items(), b.unet.state_dict().items()):
         assert ka == kb and torch.equal(va, vb)
     for va, vb in zip(a.text_encoder.state_dict().values(), b.text_encoder.state_dict().values()):
         assert torch.equal(va, vb)
+    for bad in ("../escape.json", "/etc/evil.json", "unet/run.py"):
+        with pytest.raises(ValueError, match="refusing path"):
+            prior_from_records(weights, ConfigRecord({**{k: files[k] for k in files.keys()}, bad: b"x"}),
+                               cache_dir=tmp_path / "other")
 
 
 def test_load_prior_errors(tmp_path):

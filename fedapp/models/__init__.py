@@ -8,7 +8,7 @@ from importlib import import_module
 
 _EXPORTS = {
     "Prior": "prior", "SampleResult": "prior", "load_prior": "prior",
-    "prior_to_bytes": "prior", "prior_from_bytes": "prior",
+    "prior_to_records": "prior", "prior_from_records": "prior",
     "expected_unet_evals": "prior", "leading_timesteps": "prior",
     "UNetFeatureExtractor": "features", "VisionBackboneExtractor": "features",
     "make_feature_extractor": "features", "FeatureOutput": "features",

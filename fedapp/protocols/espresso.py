@@ -1,8 +1,8 @@
 """Espresso's protocol (CVPR 2026): one upload per client, then one evaluation.
 
-    train     down: the run config (+ the prior's weights, PRIOR_KEY, when the server ships it)
+    train     down: the run config (+ the built-in prior, PRIOR_WEIGHTS_KEY + PRIOR_FILES_KEY, when the
+                    server ships it; a folder or hub prior each node loads itself)
               up:   UPLOAD_KEY (conditions, cluster sizes, GMM of z^T, class counts) + metrics
-                    -- or REQUEST_KEY alone when the client cannot load the prior and may be sent it
     evaluate  down: the global classifier   up: its accuracy on the client's real test split
 
 The upload's arrays (class_counts, embeddings, embedding_class, cluster_sizes, gmm_class,
@@ -25,10 +25,8 @@ from fedapp.protocols.records import check_arrays, check_at_most, check_float, c
 NAMESPACE = "espresso"
 USES_PRIOR = True  # the `prior` key must resolve before the run starts (fedapp.preflight)
 UPLOAD_KEY = "upload"  # ArrayRecord: the client's one upload
-PRIOR_KEY = "prior"  # ConfigRecord {PRIOR_BYTES: prior_to_bytes(folder)}: the prior shipped to clients
-PRIOR_BYTES = "bytes"
-REQUEST_KEY = "prior-request"  # ConfigRecord {NEEDS_PRIOR: True, REASON: why}: the client cannot load the prior
-NEEDS_PRIOR, REASON = "needs-prior", "reason"
+PRIOR_WEIGHTS_KEY = "prior-weights"  # ArrayRecord: the shipped prior's tensors (fedapp.models.prior.shipping)
+PRIOR_FILES_KEY = "prior-files"  # ConfigRecord: the shipped prior's configs and tokenizer files
 CLIENT_SECONDS = "client-seconds"  # train metric: seconds of the client's work
 NUM_CONDITIONS = "num-conditions"  # train metric
 
@@ -54,10 +52,9 @@ def within_shard(content: RecordDict, facts: ShardFacts) -> str | None:
     return why
 
 
-TRAIN = Phase("train", down=(PRIOR_KEY,), up=(UPLOAD_KEY, METRICS_KEY),
+TRAIN = Phase("train", down=(PRIOR_WEIGHTS_KEY, PRIOR_FILES_KEY), up=(UPLOAD_KEY, METRICS_KEY),
               doc="conditions + GMM + class counts up; the prior's weights down when shipped",
               metrics=(NUM_EXAMPLES_KEY, CLIENT_SECONDS, NUM_CONDITIONS), bound=within_shard)
-PRIOR_REQUEST = Phase("train", down=(), up=(REQUEST_KEY,), doc="a client's answer when it lacks the prior")
 PHASES = (TRAIN, EVALUATE)
 # Run-config keys only the server reads (synthesis and its classifier): two runs that differ only in
 # these send the clients the same work, so an experiment may reuse the replies (fedapp.simulation).
@@ -88,8 +85,9 @@ class EspressoOptions:
     diffusions_per_latent: int = opt(4, low=1, help="forward diffusions (fresh eps) of each MixUp'd latent")
     features: str = opt("unet", help="clustering features: unet (the prior's DIFT features) or a DINOv2/CLIP id/folder")
     synth_batch: int = opt(64, low=1, help="images per sampler call on the server")
-    ship_prior: str = opt("auto", choices=("auto", "always", "never"),
-                          help="send the prior's weights to clients: auto = for tiny, or when a client asks")
+    ship_prior: str = opt("auto", choices=("auto", "never"),
+                          help="auto: send the built-in tiny prior to the clients (Flower chunks it); never: each "
+                               "node loads it from its own cache. A folder or hub prior is never sent")
     save_synthetic: bool = opt(False, help="also write the synthetic set to <run dir>/synthetic.safetensors "
                                            "(x, y, client) for diagnostics")
 

@@ -1,47 +1,82 @@
-"""Shipping a prior's weights in a message: any prior folder (tiny or SD layout) as bytes and back.
+"""Shipping the built-in prior in a message, as Flower records.
 
-A server that has the prior sends prior_to_bytes(folder) to clients that cannot load it; they unpack
-it with prior_from_bytes into the prior cache and load the folder like any other.
+Its weights go as one ArrayRecord (every tensor of every *.safetensors file, keyed
+"<file>::<tensor>"), which Flower chunks like any model; its small files (component configs, the
+tokenizer's vocabulary) go as one ConfigRecord of bytes. A client rebuilds the folder in its prior
+cache, content-addressed, and loads it with from_pretrained like any other. A folder or hub prior is
+never shipped: every node loads it from its own disk or cache.
 """
 
 from __future__ import annotations
 
 import hashlib
-import io
-import tarfile
-from pathlib import Path
+from pathlib import Path, PurePosixPath
+
+import torch
+from flwr.app import ArrayRecord, ConfigRecord
 
 from .tiny.cache import cache_root, publish
 
+WEIGHTS = ".safetensors"
+FILES = (".json", ".txt")  # configs, model_index.json, prior_meta.json, tokenizer vocabulary
+SEP = "::"
 
-def prior_to_bytes(folder: str | Path) -> bytes:
-    """A deterministic tar of the prior folder (sorted names, zeroed times/owners): same files, same bytes."""
+
+def prior_to_records(folder: str | Path) -> tuple[ArrayRecord, ConfigRecord]:
+    """(weights, files) of a prior folder; any other kind of file is refused (a .bin, a script)."""
+    from safetensors.torch import load_file
+
     folder = Path(folder)
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
-        for path in sorted(p for p in folder.rglob("*") if p.is_file()):
-            info = tarfile.TarInfo(path.relative_to(folder).as_posix())
-            info.size, info.mtime, info.mode = path.stat().st_size, 0, 0o644
-            with path.open("rb") as f:
-                tar.addfile(info, f)
-    return buf.getvalue()
+    weights: dict[str, torch.Tensor] = {}
+    files: dict[str, bytes] = {}
+    for path in sorted(p for p in folder.rglob("*") if p.is_file()):
+        rel = path.relative_to(folder).as_posix()
+        if rel.endswith(WEIGHTS):
+            for name, tensor in load_file(str(path)).items():
+                weights[f"{rel}{SEP}{name}"] = tensor
+        elif rel.endswith(FILES):
+            files[rel] = path.read_bytes()
+        else:
+            raise ValueError(f"prior folder {folder}: cannot ship {rel}; only {WEIGHTS} weights and "
+                             f"{', '.join(FILES)} files")
+    return ArrayRecord(weights), ConfigRecord(files)
 
 
-def prior_from_bytes(data: bytes, cache_dir: str | Path | None = None) -> Path:
-    """Unpack prior_to_bytes output into `<root>/shipped-<sha256[:16]>` (content-addressed; reused if present).
-    Only plain files with relative paths inside the folder are accepted: the bytes come from the network."""
-    folder = cache_root(cache_dir) / f"shipped-{hashlib.sha256(data).hexdigest()[:16]}"
+def _safe(rel: str, suffixes: tuple[str, ...]) -> PurePosixPath:
+    p = PurePosixPath(rel)
+    if p.is_absolute() or ".." in p.parts or not rel.endswith(suffixes):
+        raise ValueError(f"shipped prior: refusing path {rel!r}")
+    return p
+
+
+def prior_from_records(weights: ArrayRecord, files: ConfigRecord, cache_dir: str | Path | None = None) -> Path:
+    """Rebuild the folder into `<root>/shipped-<sha256[:16]>` (reused when present). Only relative
+    paths to weight and config files are accepted: the records come from the network."""
+    from safetensors.torch import save_file
+
+    by_file: dict[str, dict[str, torch.Tensor]] = {}
+    digest = hashlib.sha256()
+    for key in sorted(weights.keys()):
+        rel, _, name = key.partition(SEP)
+        _safe(rel, (WEIGHTS,))
+        array = weights[key]
+        digest.update(key.encode() + array.data)
+        by_file.setdefault(rel, {})[name] = torch.from_numpy(array.numpy().copy())
+    for rel in sorted(files.keys()):
+        _safe(rel, FILES)
+        if not isinstance(files[rel], bytes):
+            raise ValueError(f"shipped prior: {rel!r} is not bytes")
+        digest.update(rel.encode() + files[rel])
+    folder = cache_root(cache_dir) / f"shipped-{digest.hexdigest()[:16]}"
     if folder.is_dir():
         return folder
 
-    def unpack(tmp: Path) -> None:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r") as tar:
-            for m in tar.getmembers():
-                parts = Path(m.name).parts
-                if not m.isfile() or m.name.startswith("/") or ".." in parts:
-                    raise ValueError(f"prior bytes: refusing tar member {m.name!r}")
-                target = tmp.joinpath(*parts)
-                target.parent.mkdir(parents=True, exist_ok=True)
-                target.write_bytes(tar.extractfile(m).read())
+    def write(tmp: Path) -> None:
+        for rel, tensors in by_file.items():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            save_file(tensors, str(tmp / rel))
+        for rel in files.keys():
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            (tmp / rel).write_bytes(files[rel])
 
-    return publish(folder, unpack)
+    return publish(folder, write)
