@@ -40,7 +40,8 @@ from fedapp.models.classifier import build_classifier
 from fedapp.models.text import class_prompts
 from fedapp.protocols import ARRAYS_KEY, EVALUATE
 from fedapp.seeds import derive_seed
-from fedapp.protocols.feddifrc import CACHE_BYTES, FEATURE_SECONDS, STATE_TARGETS, STATE_TARGETS_ID, TRAIN
+from fedapp.protocols.feddifrc import (CACHE_BYTES, FEATURE_SECONDS, STATE_TARGETS, STATE_TARGETS_ID, TRAIN,
+                                      num_up_blocks)
 
 SIMILAR_PROMPT = "a photo of a similar object"  # self-supervised TDCL positive
 VISUAL_PROMPT = "a photo of a visual object"  # self-supervised NDCR prompt
@@ -196,11 +197,7 @@ def compute_targets(ctx: ClientContext) -> DiffusionTargets:
     # eps of the noising step: one draw from the run seed shared by the federation (the paper's fixed
     # noise), so a sample's raw features do not depend on which client holds it
     seed = derive_seed("feddifrc-eps", c.seed)
-    extractor = UNetFeatureExtractor(prior, t=o.t, up_blocks=o.blocks, seed=seed)
-    want = len(o.blocks) if o.blocks else 3
-    if len(extractor.up_blocks) != want:
-        raise ValueError(f"feddifrc.up-blocks={o.up_blocks!r}: the prior's UNet has only "
-                         f"{prior.num_up_blocks} up-blocks; name them explicitly, e.g. '0,1'")
+    extractor = UNetFeatureExtractor(prior, t=o.t, up_blocks=o.blocks_for(prior.num_up_blocks), seed=seed)
     memo = _RAW.setdefault(repr((c.prior, c.dataset, c.image_size, o.t, extractor.up_blocks, seed, ctx.device)),
                            {}) if SHARE_RAW_FEATURES else None
     fit_on = None
@@ -238,7 +235,8 @@ def client_targets(ctx: ClientContext) -> tuple[DiffusionTargets, float]:
 
 # ---- handlers ------------------------------------------------------------------------------------
 def model_from_message(msg: Message, ctx: ClientContext) -> nn.Module:
-    model = build_classifier(ctx.cfg.model, ctx.shard.info.num_classes, proj_dim=ctx.cfg.options.projection_dim)
+    proj_dim = ctx.cfg.options.projection_dim(num_up_blocks(ctx.cfg))
+    model = build_classifier(ctx.cfg.model, ctx.shard.info.num_classes, proj_dim=proj_dim)
     model.load_state_dict(msg.content.array_records[ARRAYS_KEY].to_torch_state_dict())
     return model
 

@@ -21,11 +21,14 @@ class ConfigError(ValueError):
     """A user error in the run config: one line naming key, value and what is allowed."""
 
 
+AUTO = "auto"  # a value derived from the run's components (image-size: from the prior or the dataset)
+
+
 def opt(default: Any, *, choices: tuple | None = None, low: float | None = None,
-        high: float | None = None, low_open: bool = False, help: str = "") -> Any:
-    """A config field with its allowed values (checked by `check_value`)."""
+        high: float | None = None, low_open: bool = False, auto: bool = False, help: str = "") -> Any:
+    """A config field with its allowed values (checked by `check_value`); `auto` also admits "auto"."""
     return field(default=default, metadata={
-        "choices": choices, "low": low, "high": high, "low_open": low_open, "help": help,
+        "choices": choices, "low": low, "high": high, "low_open": low_open, "auto": auto, "help": help,
     })
 
 
@@ -53,7 +56,14 @@ def _coerce(key: str, value: Any, typ: type) -> Any:
 
 def check_value(key: str, value: Any, typ: type, meta: Mapping[str, Any]) -> Any:
     """Coerce `value` to `typ` and check it against the field's choices/range."""
-    value = _coerce(key, value, typ)
+    if meta.get("auto") and value == AUTO:
+        return value
+    try:
+        value = _coerce(key, value, typ)
+    except ConfigError:
+        if meta.get("auto"):
+            raise ConfigError(f"{key}={value!r}: must be {AUTO!r} or of type {typ.__name__}") from None
+        raise
     choices = meta.get("choices")
     if choices is not None and value not in choices:
         allowed = ", ".join(repr(c) for c in choices)
@@ -76,7 +86,7 @@ def _field_types(cls: type) -> dict[str, tuple[type, Mapping[str, Any]]]:
     for name, f in hints.items():
         if f.metadata.get("skip"):
             continue
-        typ = f.type if isinstance(f.type, type) else types[str(f.type)]
+        typ = int if f.metadata.get("auto") else f.type if isinstance(f.type, type) else types[str(f.type)]
         out[name] = (typ, f.metadata)
     return out
 
@@ -117,7 +127,9 @@ class CommonConfig:
     out_dir: str = opt("runs", help="results land in <out-dir>/<run-name>/")
     run_name: str = opt("", help="empty: <method>-<dataset>-<partitioner>-s<seed>-<time>")
     model: str = opt("cnn", help="classifier: cnn, resnet18, or a transformers ResNet id/folder")
-    image_size: int = opt(16, low=8, high=512)
+    image_size: int | str = opt(AUTO, auto=True, low=8, high=512,
+                                help="pixels per side; auto: the prior's size for methods with a prior, else the "
+                                     "dataset's native size")
     num_server_rounds: int = opt(5, low=1)
     local_epochs: int = opt(3, low=1)
     lr: float = opt(0.02, low=0.0, low_open=True)
@@ -146,6 +158,23 @@ class RunConfig:
         return getattr(self.common, name)
 
     @property
+    def image_size(self) -> int:
+        """Pixels per side: the explicit value, or for "auto" the prior's (methods with a prior) or the
+        dataset's native size (fedapp.geometry; fedapp.preflight refuses an explicit value the prior contradicts)."""
+        if self.common.image_size != AUTO:
+            return self.common.image_size
+        if "_image_size" not in self.__dict__:
+            from fedapp.geometry import auto_image_size
+
+            try:
+                size = auto_image_size(self.method, self.prior, self.dataset)
+            except (ValueError, OSError) as err:
+                raise ConfigError(f"prior={self.prior!r}: cannot read its image geometry "
+                                  f"({str(err).splitlines()[0]})") from None
+            object.__setattr__(self, "_image_size", size)
+        return self.__dict__["_image_size"]
+
+    @property
     def resolved_run_name(self) -> str:
         if self.common.resume:  # a resumed run writes into its own folder
             from pathlib import Path
@@ -159,6 +188,7 @@ class RunConfig:
     def flat(self) -> dict[str, Any]:
         """Resolved flat config: what config.json records and messages carry."""
         out = option_values(self.common)
+        out["image-size"] = self.image_size
         out.update({f"partitioner.{k}": v for k, v in self.partitioner_params.items()})
         for ns, values in self.namespace_values.items():
             out.update({f"{ns}.{k}": v for k, v in values.items()})

@@ -14,7 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from fedapp.config import ConfigError, RunConfig, check_data
+from fedapp.config import AUTO, ConfigError, RunConfig, check_data
+from fedapp.geometry import uses_prior
 
 BUILTIN_MODELS = ("cnn", "resnet18")
 
@@ -76,6 +77,29 @@ def check_model(cfg: RunConfig) -> None:
         raise ConfigError(f"model={name!r}: not in the local Hugging Face cache and HF_HUB_OFFLINE is set; {allowed}")
 
 
+def check_image_size(cfg: RunConfig) -> None:
+    """An explicit image-size must be the prior's: the prior decides the geometry."""
+    explicit = cfg.common.image_size
+    if explicit != AUTO and uses_prior(cfg.method):
+        from fedapp.models.prior import prior_image_size
+
+        size = prior_image_size(cfg.prior, cfg.dataset)
+        if explicit != size:
+            raise ConfigError(f"image-size={explicit}: prior={cfg.prior!r} makes {size}x{size} images; "
+                              f"must be 'auto' or {size}")
+
+
+def check_protocol(cfg: RunConfig, methods: Mapping[str, Any] | None = None) -> None:
+    """A protocol's own machine-dependent check (`preflight(cfg) -> reason | None`), e.g. FedDifRC's
+    up-blocks against the prior's decoder."""
+    from fedapp import registry
+
+    check = getattr(registry.protocol(cfg.method, methods), "preflight", None)
+    reason = check(cfg) if check is not None else None
+    if reason is not None:
+        raise ConfigError(reason)
+
+
 def check_nodes(cfg: RunConfig, num_nodes: int) -> None:
     if cfg.min_clients > num_nodes:
         raise ConfigError(f"min-clients={cfg.min_clients}: must be <= the federation's {num_nodes} nodes")
@@ -110,14 +134,14 @@ def check_resume(cfg: RunConfig, methods: Mapping[str, Any] | None = None) -> No
 
 def preflight(cfg: RunConfig, num_nodes: int | None = None, methods: Mapping[str, Any] | None = None) -> None:
     """Every machine-dependent check; `num_nodes` where the federation's size is known."""
-    from fedapp import registry
-
     if cfg.resume:
         check_resume(cfg, methods)
     else:
         check_out_dir(cfg)
-    if getattr(registry.protocol(cfg.method, methods), "USES_PRIOR", False):
+    if uses_prior(cfg.method, methods):
         check_prior(cfg)
+        check_image_size(cfg)
+    check_protocol(cfg, methods)
     check_model(cfg)
     if num_nodes is not None:
         check_nodes(cfg, num_nodes)

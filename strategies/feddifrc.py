@@ -34,7 +34,7 @@ class FedDifRCStrategy(FedAvgStrategy):
         """The classifier plus the projection head g: embedding -> R^D that TDCL/NDCR act on."""
         cfg = self.run.cfg
         return build_classifier(cfg.model, self.server_data().info.num_classes,
-                                proj_dim=cfg.options.projection_dim)
+                                proj_dim=cfg.options.projection_dim(P.num_up_blocks(cfg)))
 
     def on_valid_train(self, replies: list[Message]) -> None:
         for r in replies:  # what each client's representation cache costs (reported once per client)

@@ -75,8 +75,10 @@ def test_ndcr_is_zero_when_they_coincide_and_the_squared_distance_otherwise():
 # ---- representations ----------------------------------------------------------------------------
 def test_options_projection_dim_and_bad_up_blocks():
     cfg = parse_run_config({"method": "feddifrc", "feddifrc.pca-dims": 16, "feddifrc.up-blocks": "1, 2"})
-    assert cfg.options.blocks == (1, 2) and cfg.options.projection_dim == 32
-    assert parse_run_config({"method": "feddifrc"}).options.projection_dim == 32 * 3  # '' = last three
+    assert cfg.options.blocks == (1, 2) and cfg.options.projection_dim(4) == 32
+    default = parse_run_config({"method": "feddifrc"}).options
+    assert default.projection_dim(4) == 32 * 3 and default.blocks_for(4) == (1, 2, 3)  # '' = the last three
+    assert default.blocks_for(2) == (0, 1) and default.projection_dim(2) == 32 * 2  # a shallower prior: all it has
     with pytest.raises(ConfigError, match="feddifrc.up-blocks"):
         parse_run_config({"method": "feddifrc", "feddifrc.up-blocks": "one"})
 

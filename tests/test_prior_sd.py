@@ -104,3 +104,51 @@ def test_features_on_sd_prior(sd):
     out = fx.features(torch.rand(3, 3, 32, 32) * 2 - 1)
     assert fx.up_blocks == (0, 1)  # this toy UNet has 2 up-blocks; SD-1.5 has 4 -> (1, 2, 3)
     assert out.features.shape == (3, 32 + 16) and [b.shape[1] for b in out.blocks] == [32, 16]
+
+
+# ---- the prior decides the geometry; an SD-layout prior end to end ---------------------------------------
+def test_image_size_auto_comes_from_the_prior_and_a_conflict_is_one_line(sd, tmp_path):
+    from fedapp.config import ConfigError, all_defaults
+    from fedapp.models.prior import prior_image_size, prior_up_blocks
+    from fedapp.simulation import resolve_run_config
+
+    _, folder = sd
+    assert prior_image_size(folder) == 32 and prior_up_blocks(folder) == 2  # read from configs, no weights
+    flat, _ = resolve_run_config({"method": "espresso", "prior": str(folder), "out-dir": str(tmp_path)}, 2)
+    assert flat["image-size"] == "auto"
+    from fedapp.config import parse_run_config
+
+    assert parse_run_config({**all_defaults(), **flat}).flat()["image-size"] == 32  # what messages carry
+    with pytest.raises(ConfigError) as err:
+        resolve_run_config({"method": "espresso", "prior": str(folder), "image-size": 16, "out-dir": str(tmp_path)}, 2)
+    assert str(err.value) == f"image-size=16: prior={str(folder)!r} makes 32x32 images; must be 'auto' or 32"
+    with pytest.raises(ConfigError, match=r"feddifrc.up-blocks='2': prior=.* has up-blocks 0..1"):
+        resolve_run_config({"method": "feddifrc", "prior": str(folder), "feddifrc.up-blocks": "2",
+                            "out-dir": str(tmp_path)}, 2)
+
+
+SD_FAST = {"dataset": "digit-styles", "partitioner.name": "domain", "partitioner.per-class": 2, "min-clients": 2,
+           "server-epochs": 1, "espresso.embed-steps": 2, "espresso.mixup-pairs": 8, "espresso.steps": 2,
+           "espresso.ratio": 1.0, "espresso.synth-batch": 16, "espresso.clusters": 2, "espresso.gmm-components": 2,
+           "espresso.zigzag-t": 300, "num-server-rounds": 1, "local-epochs": 1, "feddifrc.pca-dims": 4}
+
+
+@pytest.mark.parametrize("method", ["espresso", "prompts", "feddifrc"])
+def test_sd_layout_prior_end_to_end_on_32px(sd, tmp_path, method):
+    """A saved SD-1.5-layout pipeline (a VAE with 2x downsampling: 32 px images, 4x16x16 latents) as `prior=<folder>` through
+    fedapp.simulate: uploads pass validation, the server synthesises (one-shot) or the clients train
+    with its decoder features (FedDifRC), summary.json is complete."""
+    import fedapp
+
+    _, folder = sd
+    s = fedapp.simulate({"method": method, "prior": str(folder), "out-dir": str(tmp_path), **SD_FAST},
+                        num_clients=2)
+    assert s["status"] == "completed" and s["failures"] == [], s.get("failures")
+    m = s["metrics"]
+    assert 0.0 <= m["accuracy"] <= 1.0 and set(m["per_client_accuracy"]) == {"0", "1"}
+    config = json.loads((tmp_path / s["run_dir"].split("/")[-1] / "config.json").read_text())
+    assert config["image-size"] == 32
+    if method != "feddifrc":
+        assert m["num_synthetic"] == 2 * 20 and m["unet_evals_per_image"] > 0
+    else:
+        assert m["representation_cache_bytes_total"] > 0

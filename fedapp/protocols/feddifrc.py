@@ -47,14 +47,33 @@ class FedDifRCOptions:
 
     @property
     def blocks(self) -> tuple[int, ...] | None:
-        """The up-block indices, or None for the extractor's default (the last three)."""
+        """The up-block indices named, or None for the default (the prior's last three)."""
         text = self.up_blocks.replace(" ", "")
         return tuple(int(p) for p in text.split(",")) if text else None
 
-    @property
-    def projection_dim(self) -> int:
-        """D: pca_dims per block, concatenated; known without loading the prior."""
-        return self.pca_dims * (len(self.blocks) if self.blocks else DEFAULT_BLOCKS)
+    def blocks_for(self, num_up_blocks: int) -> tuple[int, ...]:
+        """The up-blocks used with a prior whose decoder has `num_up_blocks`: the named ones, or its last
+        min(3, n) (SD-1.5: 1, 2, 3 = the paper's layers 2-4)."""
+        return self.blocks or tuple(range(max(0, num_up_blocks - DEFAULT_BLOCKS), num_up_blocks))
+
+    def projection_dim(self, num_up_blocks: int) -> int:
+        """D: pca_dims per block, concatenated (the projection head's output size)."""
+        return self.pca_dims * len(self.blocks_for(num_up_blocks))
 
 
 OPTIONS = FedDifRCOptions
+
+
+def num_up_blocks(cfg) -> int:
+    """The run's prior's decoder depth, read from its config: both sides size the projection head by it."""
+    from fedapp.models.prior import prior_up_blocks
+
+    return prior_up_blocks(cfg.prior, cfg.dataset)
+
+
+def preflight(cfg) -> str | None:
+    """Named up-blocks must exist in the prior's decoder (fedapp.preflight calls this before the run)."""
+    n, named = num_up_blocks(cfg), cfg.options.blocks
+    if named and not all(0 <= i < n for i in named):
+        return f"feddifrc.up-blocks={cfg.options.up_blocks!r}: prior={cfg.prior!r} has up-blocks 0..{n - 1}"
+    return None

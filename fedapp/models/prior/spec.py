@@ -65,6 +65,54 @@ def resolve_prior(spec: str | Path, dataset: str | None = None, cache_dir: str |
     return PriorSource("hub", spec)
 
 
+def _config_json(src: PriorSource, component: str) -> dict | None:
+    """A component's config.json from the folder, or from the local hub cache (downloaded only when
+    the hub is reachable); None when the component does not exist (a pixel-space prior has no vae/)."""
+    import json
+
+    if src.kind != "hub":
+        path = src.folder / component / "config.json"
+        return json.loads(path.read_text()) if path.is_file() else None
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    try:
+        return json.loads(Path(hf_hub_download(src.location, "config.json", subfolder=component)).read_text())
+    except EntryNotFoundError:
+        return None
+
+
+def prior_image_size(spec: str | Path, dataset: str | None = None, cache_dir: str | Path | None = None) -> int:
+    """The prior's image size without loading weights: unet sample_size x vae_scale_factor
+    (2 ** (len(vae block_out_channels) - 1), 1 in pixel space) -- as Prior.image_size computes it. A tiny
+    prior that is not built yet has the size it will be built at."""
+    src = resolve_prior(spec, dataset, cache_dir)
+    if src.kind == "tiny" and not src.folder.is_dir():
+        from .tiny.config import DEFAULT_IMAGE_SIZE
+
+        return DEFAULT_IMAGE_SIZE
+    unet = _config_json(src, "unet")
+    if unet is None:
+        raise ValueError(f"prior={str(spec)!r}: no unet/config.json")
+    size = unet["sample_size"]
+    size = size if isinstance(size, int) else int(size[0])
+    vae = _config_json(src, "vae")
+    return size * (2 ** (len(vae["block_out_channels"]) - 1) if vae is not None else 1)
+
+
+def prior_up_blocks(spec: str | Path, dataset: str | None = None, cache_dir: str | Path | None = None) -> int:
+    """How many decoder up-blocks the prior's UNet has, from its config (no weights loaded)."""
+    src = resolve_prior(spec, dataset, cache_dir)
+    if src.kind == "tiny" and not src.folder.is_dir():
+        from .tiny.config import TinyPriorConfig
+
+        return len(TinyPriorConfig().block_out_channels)
+    unet = _config_json(src, "unet")
+    if unet is None:
+        raise ValueError(f"prior={str(spec)!r}: no unet/config.json")
+    return len(unet["up_block_types"])
+
+
 def prior_folder(spec: str | Path, dataset: str | None) -> Path | None:
     """The local folder the prior loads from (so its weights can be shipped), None for a hub id."""
     return resolve_prior(spec, dataset).folder

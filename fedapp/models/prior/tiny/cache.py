@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from .config import CODE_VERSION, DEFAULT_STEPS, TinyPriorConfig
+from .config import CODE_VERSION, DEFAULT_IMAGE_SIZE, DEFAULT_STEPS, TinyPriorConfig
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
@@ -42,7 +42,7 @@ def hash_data(x: torch.Tensor, y: torch.Tensor, class_names: list[str]) -> str:
     return h.hexdigest()[:12]
 
 
-def tiny_prior_path(dataset: str, image_size: int = 16, steps: int = DEFAULT_STEPS, seed: int = 0,
+def tiny_prior_path(dataset: str, image_size: int = DEFAULT_IMAGE_SIZE, steps: int = DEFAULT_STEPS, seed: int = 0,
                     cache_dir: str | Path | None = None, config: TinyPriorConfig | None = None,
                     data_hash: str = "") -> Path:
     """The cache folder `<root>/<dataset>-<hash>` of that build (it may not exist yet)."""

@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 CODE_VERSION = "2"  # bump when training code changes what a cached prior contains
 DEFAULT_STEPS = 500
+DEFAULT_IMAGE_SIZE = 16  # pixels per side of a build when none is asked for
 DEFAULT_DATASET = "digit-styles"  # what `tiny` alone names
 
 

@@ -19,11 +19,11 @@ from torch.nn import functional as F
 from ...text import class_prompts, prompt_words
 from ..pipeline import diffusion_target, save_components
 from .cache import hash_data, publish, tiny_prior_path, write_json
-from .config import CODE_VERSION, DEFAULT_STEPS, TinyPriorConfig
+from .config import CODE_VERSION, DEFAULT_IMAGE_SIZE, DEFAULT_STEPS, TinyPriorConfig
 from .modules import build_modules
 
 
-def public_data(dataset: str, image_size: int = 16, seed: int = 0):
+def public_data(dataset: str, image_size: int = DEFAULT_IMAGE_SIZE, seed: int = 0):
     """(x, y, class_names) of the dataset's public split (feddata; independent of the partitioner)."""
     import feddata
 
@@ -113,7 +113,7 @@ def train_tiny_prior(x: torch.Tensor, y: torch.Tensor, prompts: list[str], confi
     return tokenizer, ema_text.eval(), ema_unet.eval(), scheduler, facts
 
 
-def build_tiny_prior(dataset: str, image_size: int = 16, steps: int = DEFAULT_STEPS, seed: int = 0,
+def build_tiny_prior(dataset: str, image_size: int = DEFAULT_IMAGE_SIZE, steps: int = DEFAULT_STEPS, seed: int = 0,
                      cache_dir: str | Path | None = None, progress: bool = True, *,
                      config: TinyPriorConfig | None = None, data=None) -> Path:
     """Train (or find cached) the tiny prior of `dataset`; returns its folder.
