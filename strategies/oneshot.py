@@ -38,9 +38,9 @@ class OneShotStrategy(PhasedStrategy):
 
     def evaluate_classifier(self, grid, model: torch.nn.Module, server, nodes: list[int]) -> dict[str, Any]:
         """Global test accuracy (per domain) on the server, and each client's on its real test split."""
-        model = model.cpu().eval()
-        metrics = accuracy_by_group(model, server.test, server.info, device="cpu")
-        weights = ArrayRecord(model.state_dict())
+        model = model.eval()
+        metrics = accuracy_by_group(model, server.test, server.info, device=self.run.device)
+        weights = ArrayRecord({k: v.cpu() for k, v in model.state_dict().items()})
         replies = self.exchange(grid, classify.EVALUATE, nodes, lambda n: {ARRAYS_KEY: weights},
                                 validate=classify.validate_evaluate)
         acc = classify.client_accuracies(replies)

@@ -121,3 +121,32 @@ def test_no_record_key_literal_outside_protocol_modules():
 def test_the_literal_check_catches_what_it_should():
     src = 'r.content.array_records["upload"]; m.metric_records.get("metrics"); RecordDict({"x": a}); ctx.state["k"]'
     assert [k for _, k in _record_key_literals(ast.parse(src))] == ["upload", "metrics", "x", "k"]
+
+
+def _hard_coded_cpu(tree: ast.AST) -> list[int]:
+    """Lines that pin work to the CPU: a call with device="cpu" or .to("cpu") (a parameter's default
+    is fine: callers pass the run's device; .cpu() to serialise a result is fine)."""
+    lines = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            if any(k.arg == "device" and isinstance(k.value, ast.Constant) and k.value.value == "cpu"
+                   for k in node.keywords):
+                lines.append(node.lineno)
+            if isinstance(node.func, ast.Attribute) and node.func.attr == "to" and node.args \
+                    and isinstance(node.args[0], ast.Constant) and node.args[0].value == "cpu":
+                lines.append(node.lineno)
+    return lines
+
+
+def test_no_code_path_pins_work_to_the_cpu():
+    """device = "auto" puts every model and tensor on CUDA when present: no server or client path may
+    name the CPU itself (fedapp/config.py resolves "auto"; that is the one place)."""
+    offenders = {}
+    for name, path in _modules().items():
+        if name in ("fedapp.config",) or name.startswith("feddata"):
+            continue
+        lines = _hard_coded_cpu(ast.parse(path.read_text()))
+        if lines:
+            offenders[str(path.relative_to(ROOT))] = lines
+    assert offenders == {}
+    assert _hard_coded_cpu(ast.parse('f(x, device="cpu"); m.to("cpu"); g(device=d); h(x.cpu())')) == [1, 1]

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from fedapp.models.features import UNetFeatureExtractor, VisionBackboneExtractor, make_feature_extractor
-from fedapp.models.prior.tiny import TEST_CONFIG, TinyPriorConfig, random_tiny_prior
+from fedapp.models.prior.tiny import TinyPriorConfig, random_tiny_prior
 
 PROMPT = "a photo of the digit three"
 

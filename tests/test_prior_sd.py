@@ -1,14 +1,13 @@
 """The Stable Diffusion path: a tiny SD-1.5-layout pipeline built here, saved, loaded with load_prior."""
 
 import json
-import string
 
 import pytest
 import torch
-from diffusers import AutoencoderKL, DDIMScheduler, PNDMScheduler, StableDiffusionPipeline, UNet2DConditionModel
-from transformers import CLIPTextConfig, CLIPTextModel, CLIPTokenizer
+from diffusers import DDIMScheduler, PNDMScheduler, StableDiffusionPipeline
 
 from fedapp.models import load_prior
+from fedapp.models.prior.sd_layout import random_sd_pipeline
 from fedapp.models.prior.samplers import expected_unet_evals
 
 PROMPTS = ["a photo of the digit three", "a photo of the digit seven"]
@@ -16,30 +15,7 @@ PROMPTS = ["a photo of the digit three", "a photo of the digit seven"]
 
 def tiny_sd_pipeline(tmp_path) -> StableDiffusionPipeline:
     """SD-1.5 layout at toy size: VAE 32x32 -> 4x16x16 latents, CLIP text 32-d, BPE tokenizer from files."""
-    letters = list(string.ascii_lowercase)
-    vocab = ["<|startoftext|>", "<|endoftext|>"] + letters + [c + "</w>" for c in letters] + ["th", "the</w>"]
-    files = tmp_path / "tokenizer_files"
-    files.mkdir()
-    (files / "vocab.json").write_text(json.dumps({t: i for i, t in enumerate(vocab)}))
-    (files / "merges.txt").write_text("#version: 0.2\nt h\nth e</w>\n")
-    tokenizer = CLIPTokenizer.from_pretrained(files, model_max_length=77)
-    torch.manual_seed(0)
-    text_encoder = CLIPTextModel(CLIPTextConfig(
-        vocab_size=len(vocab), hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
-        max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1))
-    vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * 2,
-                        up_block_types=("UpDecoderBlock2D",) * 2, block_out_channels=(8, 16), latent_channels=4,
-                        layers_per_block=1, norm_num_groups=4, sample_size=32)
-    unet = UNet2DConditionModel(
-        sample_size=16, in_channels=4, out_channels=4, block_out_channels=(16, 32), layers_per_block=1,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
-        cross_attention_dim=32, attention_head_dim=2, norm_num_groups=8)
-    # SD-1.5's scheduler config (PNDM, scaled_linear betas, steps_offset 1, set_alpha_to_one False)
-    scheduler = PNDMScheduler(beta_start=0.00085, beta_end=0.012, beta_schedule="scaled_linear",
-                              num_train_timesteps=1000, set_alpha_to_one=False, skip_prk_steps=True, steps_offset=1)
-    return StableDiffusionPipeline(vae=vae, text_encoder=text_encoder, tokenizer=tokenizer, unet=unet,
-                                   scheduler=scheduler, safety_checker=None, feature_extractor=None,
-                                   requires_safety_checker=False)
+    return random_sd_pipeline(tmp_path, image_size=32, levels=2)
 
 
 @pytest.fixture(scope="module")
