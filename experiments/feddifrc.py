@@ -87,7 +87,7 @@ def cell_stats(curves: list[list[float]]) -> tuple[float, float]:
 
 
 def table_text(results: dict[str, Any], splits: list[str], methods: list[str]) -> str:
-    head = f"| method | " + " | ".join(splits) + " |"
+    head = "| method | " + " | ".join(splits) + " |"
     lines = [head, "|" + "---|" * (len(splits) + 1)]
     for m in methods:
         name = METHODS[m][0]

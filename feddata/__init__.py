@@ -7,9 +7,9 @@ Face `datasets`, which flwr-datasets imports.
 """
 
 from .api import load_client_shard, load_server_data, validate
-from .builtin import COLORS, DIGIT_NAMES, DOMAINS
+from .builtin import COLORS, DIGIT_NAMES, DOMAINS, with_attribute
 from .partition import PARTITIONER_PARAMS, PARTITIONERS, resolve_params
-from .sources import DATASETS, base_split, dataset_info
+from .sources import DATASETS, base_split, dataset_info, native_size
 from .types import ClientShard, DatasetInfo, ServerData, Split
 
 __all__ = [
@@ -27,6 +27,8 @@ __all__ = [
     "dataset_info",
     "load_client_shard",
     "load_server_data",
+    "native_size",
     "resolve_params",
     "validate",
+    "with_attribute",
 ]

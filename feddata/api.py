@@ -12,7 +12,7 @@ import functools
 import numpy as np
 
 from .partition import Assignment, check_partitioner, partition, resolve_params
-from .sources import base_split, check_dataset, load_base
+from .sources import base_split, check_dataset, check_image_size, load_base
 from .types import ClientShard, ServerData, config_error
 
 
@@ -29,16 +29,19 @@ def _assignment(dataset: str, partitioner: str, params_key: tuple, seed: int, n:
     return partition(b, base_split(dataset, image_size)["pool"], partitioner, dict(params_key), seed, n)
 
 
-def _resolve(dataset, partitioner, params, seed, num_partitions, image_size) -> tuple[dict, Assignment]:
+def _resolve(dataset, partitioner, params, seed, num_partitions, image_size) -> tuple[dict, Assignment, int]:
+    """Checked params, the cached assignment, and the image size (None -> the dataset's native size)."""
     check_dataset(dataset)
     check_partitioner(partitioner)
     p = resolve_params(partitioner, params)
     seed = _check_int("seed", seed, 0)
     n = _check_int("num-partitions", num_partitions, 1)
-    return p, _assignment(dataset, partitioner, tuple(sorted(p.items())), seed, n, image_size)
+    size = check_image_size(dataset, image_size)
+    return p, _assignment(dataset, partitioner, tuple(sorted(p.items())), seed, n, size), size
 
 
-def validate(dataset: str, partitioner: str, params: dict, num_partitions: int, seed: int = 0, image_size: int = 16) -> dict:
+def validate(dataset: str, partitioner: str, params: dict, num_partitions: int, seed: int = 0,
+             image_size: int | None = None) -> dict:
     """Run every check (including dataset-dependent ones) and return the resolved params.
     Meant for config validation before any client work starts."""
     return _resolve(dataset, partitioner, params, seed, num_partitions, image_size)[0]
@@ -67,10 +70,11 @@ def load_client_shard(
     seed: int,
     partition_id: int,
     num_partitions: int,
-    image_size: int = 16,
+    image_size: int | None = None,
     test_fraction: float = 0.2,
 ) -> ClientShard:
-    p, a = _resolve(dataset, partitioner, params, seed, num_partitions, image_size)
+    """image_size None: the dataset's native size (feddata.native_size)."""
+    p, a, image_size = _resolve(dataset, partitioner, params, seed, num_partitions, image_size)
     pid = _check_int("partition-id", partition_id, 0, num_partitions - 1)
     if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) or not 0 <= test_fraction < 1:
         raise config_error("test-fraction", test_fraction, "must be a number in [0, 1)")
@@ -91,9 +95,9 @@ def load_client_shard(
 
 
 def load_server_data(
-    dataset: str, partitioner: str, params: dict, seed: int, num_partitions: int, image_size: int = 16
+    dataset: str, partitioner: str, params: dict, seed: int, num_partitions: int, image_size: int | None = None
 ) -> ServerData:
-    p, a = _resolve(dataset, partitioner, params, seed, num_partitions, image_size)
+    p, a, image_size = _resolve(dataset, partitioner, params, seed, num_partitions, image_size)
     b = load_base(dataset, image_size)
     parts = base_split(dataset, image_size)
     public = parts["public"]

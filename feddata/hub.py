@@ -4,6 +4,11 @@ One code path for all of them: a hub id and a local folder both end up as a
 `datasets.Dataset`, whose image and label columns are found by name (or by feature
 type), then decoded to RGB, resized and stored as uint8. All splits are concatenated;
 feddata makes its own public/test/client split.
+
+A local folder is one of: a `save_to_disk` folder; parquet files; or image files, read by HF's
+`imagefolder` loader (offline): one sub-folder per class (class names = folder names, sorted),
+optionally under split folders (train/, test/, ...), or a metadata.csv/.jsonl/.parquet with a
+`file_name` and a label column.
 """
 
 from __future__ import annotations
@@ -22,7 +27,9 @@ HUB_ALIASES = {"cifar10": "uoft-cs/cifar10", "mnist": "ylecun/mnist"}
 IMAGE_COLUMNS = ("img", "image")
 LABEL_COLUMNS = ("label", "labels", "fine_label")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
-_ALLOWED = "a built-in name, an HF dataset id (owner/name) or a folder saved with save_to_disk or holding parquet files"
+_ALLOWED = ("a built-in name, an HF dataset id (owner/name), or a folder: saved with save_to_disk, holding parquet "
+            "files, or images in one sub-folder per class (HF imagefolder layout)")
+_IMAGE_FOLDER_LABELS = "an image folder needs one sub-folder per class (two or more) or a metadata file with a label column"
 
 
 def _is_saved_dataset(path: str) -> bool:
@@ -32,14 +39,45 @@ def _is_saved_dataset(path: str) -> bool:
     )
 
 
+def _image_extensions() -> frozenset[str]:
+    from datasets.packaged_modules.imagefolder.imagefolder import ImageFolder
+
+    return frozenset(e.lower() for e in ImageFolder.EXTENSIONS)
+
+
+def _is_image_folder(path: str) -> bool:
+    """True if the first data file met below `path` is an image (what imagefolder reads); a
+    parquet/arrow table (other than a metadata file) first means a table dataset."""
+    images = _image_extensions()
+    for _, dirs, files in os.walk(path):
+        dirs.sort()
+        for name in sorted(files):
+            ext = os.path.splitext(name)[1].lower()
+            if ext in images:
+                return True
+            if ext in (".parquet", ".arrow") and not name.startswith("metadata."):
+                return False
+    return False
+
+
+def _target(dataset: str) -> str:
+    """What `dataset` names: an alias's hub id, else the string itself (a folder or hub id)."""
+    return HUB_ALIASES.get(dataset, os.path.expanduser(dataset))
+
+
 def load_hf(dataset: str):
     """The raw `datasets.Dataset` (all splits concatenated in name order)."""
     import datasets
 
-    target = HUB_ALIASES.get(dataset, os.path.expanduser(dataset))
+    target = _target(dataset)
     try:
         if os.path.isdir(target):
-            ds = datasets.load_from_disk(target) if _is_saved_dataset(target) else datasets.load_dataset(target)
+            if _is_saved_dataset(target):
+                ds = datasets.load_from_disk(target)
+            elif _is_image_folder(target):  # explicit: inference from file counts could pick another builder
+                ds = datasets.load_dataset("imagefolder", data_dir=target)
+            else:
+                ds = datasets.load_dataset(target)
         elif dataset.startswith((".", "~", "/")) or dataset.count("/") > 1:
             raise config_error("dataset", dataset, f"no such folder; allowed: {_ALLOWED}")
         elif not _HUB_ID.match(target):
@@ -56,14 +94,15 @@ def load_hf(dataset: str):
     return ds
 
 
-def _find_column(ds, names: tuple[str, ...], feature_type, what: str, dataset: str) -> str:
+def _find_column(ds, names: tuple[str, ...], feature_type, what: str, dataset: str, hint: str = "") -> str:
     for name in names:
         if name in ds.column_names:
             return name
     for name, feat in ds.features.items():
         if isinstance(feat, feature_type):
             return name
-    raise config_error("dataset", dataset, f"no {what} column (looked for {'/'.join(names)}); columns: {ds.column_names}")
+    raise config_error("dataset", dataset,
+                       f"no {what} column (looked for {'/'.join(names)}); columns: {ds.column_names}{hint}")
 
 
 def _to_rgb(img, size: int) -> np.ndarray:
@@ -78,7 +117,9 @@ def decode(dataset: str, image_size: int) -> BaseData:
 
     ds = load_hf(dataset)
     img_col = _find_column(ds, IMAGE_COLUMNS, datasets.Image, "image", dataset)
-    lab_col = _find_column(ds, LABEL_COLUMNS, datasets.ClassLabel, "label", dataset)
+    folder = _target(dataset)
+    hint = f"; {_IMAGE_FOLDER_LABELS}" if os.path.isdir(folder) and _is_image_folder(folder) else ""
+    lab_col = _find_column(ds, LABEL_COLUMNS, datasets.ClassLabel, "label", dataset, hint)
     raw = np.asarray(ds[lab_col])
     feat = ds.features[lab_col]
     if isinstance(feat, datasets.ClassLabel):

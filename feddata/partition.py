@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .builtin import with_attribute
 from .types import BaseData, config_error
 
 PARTITIONERS: tuple[str, ...] = ("iid", "dirichlet", "pathological", "domain", "attribute-holdout", "minority")
@@ -189,7 +190,8 @@ def _domain(b, pool, n, rng, caps) -> Assignment:
     """Client i gets domain i mod D. Pool sources are also dealt out so that no source image
     reaches two clients (the same digit in two styles on two clients would leak content)."""
     if "domain" not in b.attrs:
-        raise config_error("partitioner", "domain", f"dataset {b.info.name} has no domain attribute; use digit-styles")
+        raise config_error("partitioner", "domain",
+                           f"dataset {b.info.name} has no domain attribute; use {' or '.join(with_attribute('domain'))}")
     names = b.info.attributes["domain"]
     d = len(names)
     used = min(n, d)
@@ -228,7 +230,8 @@ def choose_pairs(n_y: int, n_c: int, coverage: float, rng: np.random.Generator) 
 
 def _attribute_holdout(b, pool, p, n, rng, caps) -> Assignment:
     if "color" not in b.attrs:
-        raise config_error("partitioner", "attribute-holdout", f"dataset {b.info.name} has no color attribute; use colored-digits")
+        raise config_error("partitioner", "attribute-holdout",
+                           f"dataset {b.info.name} has no color attribute; use {' or '.join(with_attribute('color'))}")
     n_y, n_c = b.info.num_classes, len(b.info.attributes["color"])
     seen = choose_pairs(n_y, n_c, p["coverage"], rng)
     seen_set = set(seen)

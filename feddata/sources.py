@@ -17,7 +17,16 @@ TEST_FRACTION = 0.15
 SPLIT_SEED = 20240601
 
 
+def native_size(dataset: str) -> int:
+    """The image size a dataset comes at when none is asked for (image_size=None): a built-in's own
+    (28 for the MNIST sets, 16 for the 8x8 ones), 16 for a hub dataset or folder (their images vary)."""
+    return builtin.native_size(dataset) if dataset in builtin.BUILTINS else 16
+
+
 def check_image_size(dataset: str, image_size) -> int:
+    """An int in the dataset's range; None means its native size."""
+    if image_size is None:
+        return native_size(dataset)
     lo, hi = (builtin.MIN_SIZE, builtin.MAX_SIZE) if dataset in builtin.BUILTINS else (4, 256)
     if isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)) or not lo <= image_size <= hi:
         raise config_error("image-size", image_size, f"must be an int in [{lo}, {hi}] for dataset {dataset}")
@@ -30,20 +39,25 @@ def check_dataset(dataset) -> str:
     return dataset
 
 
-@functools.lru_cache(maxsize=8)
-def load_base(dataset: str, image_size: int) -> BaseData:
-    """Rendered (built-in) or decoded (hub/folder) table; once per process per size."""
+def load_base(dataset: str, image_size: int | None = None) -> BaseData:
+    """Rendered (built-in) or decoded (hub/folder) table; once per process per size (None = native,
+    resolved before the cache so that None and the native size share one table)."""
     check_dataset(dataset)
-    image_size = check_image_size(dataset, image_size)
+    return _load_base(dataset, check_image_size(dataset, image_size))
+
+
+@functools.lru_cache(maxsize=8)
+def _load_base(dataset: str, image_size: int) -> BaseData:
     if dataset in builtin.BUILTINS:
         return builtin.render(dataset, image_size)
     return hub.decode(dataset, image_size)
 
 
-def dataset_info(dataset: str, image_size: int = 16) -> DatasetInfo:
+def dataset_info(dataset: str, image_size: int | None = None) -> DatasetInfo:
     check_dataset(dataset)
+    image_size = check_image_size(dataset, image_size)
     if dataset in builtin.BUILTINS:  # no rendering needed
-        return builtin.builtin_info(dataset, check_image_size(dataset, image_size))
+        return builtin.builtin_info(dataset, image_size)
     return load_base(dataset, image_size).info
 
 
@@ -52,10 +66,23 @@ def _readonly(a: np.ndarray) -> np.ndarray:
     return a
 
 
+def base_split(dataset: str, image_size: int | None = None) -> dict[str, np.ndarray]:
+    """Rows of the public, test and client-pool parts: disjoint by source image, stratified by class.
+    The rows do not depend on the image size; the size only picks which cached table is read."""
+    check_dataset(dataset)
+    return _base_split(dataset, check_image_size(dataset, image_size))
+
+
+def clear_caches() -> None:
+    """Forget every rendered/decoded table and split (tests check that a rebuild gives the same data)."""
+    _load_base.cache_clear()
+    _base_split.cache_clear()
+    builtin.clear_caches()
+
+
 @functools.lru_cache(maxsize=8)
-def base_split(dataset: str, image_size: int = 16) -> dict[str, np.ndarray]:
-    """Rows of the public, test and client-pool parts: disjoint by source image, stratified by class."""
-    b = load_base(dataset, image_size)
+def _base_split(dataset: str, image_size: int) -> dict[str, np.ndarray]:
+    b = _load_base(dataset, image_size)
     src_ids, first = np.unique(b.source, return_index=True)
     src_label = b.y[first]
     rng = np.random.default_rng(SPLIT_SEED)

