@@ -78,3 +78,20 @@ def test_geometry_comes_from_the_component_configs_and_images_are_resized_to_it(
     # encode_images resizes first, so latents always have the prior's latent_shape
     assert prior.encode_images(x).shape == (2, *prior.latent_shape)
     assert sd.encode_images(x).shape == (2, *sd.latent_shape)
+
+
+def test_loading_a_prior_prints_nothing(prior, tmp_path, capfd):
+    """No third-party advice or progress bars in a federation's log: loading a saved prior (what every
+    client does) writes nothing to stdout/stderr and raises no warning."""
+    import warnings
+
+    from fedapp.models.prior import load_prior
+
+    folder = prior.save_pretrained(tmp_path / "prior")
+    capfd.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        loaded = load_prior(folder)
+    out, err = capfd.readouterr()
+    assert (out, err) == ("", "") and [str(w.message) for w in caught] == []
+    assert loaded.image_size == prior.image_size

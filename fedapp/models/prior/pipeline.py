@@ -49,9 +49,9 @@ class Prior:
         self.dtype = dtype
         self.source = source
         self.tokenizer = tokenizer
-        self.text_encoder = text_encoder.to(self.device, dtype).eval().requires_grad_(False)
-        self.unet = unet.to(self.device, dtype).eval().requires_grad_(False)
-        self.vae = None if vae is None else vae.to(self.device, dtype).eval().requires_grad_(False)
+        self.text_encoder = _frozen(text_encoder, self.device, dtype)
+        self.unet = _frozen(unet, self.device, dtype)
+        self.vae = None if vae is None else _frozen(vae, self.device, dtype)
         # keep the pipeline's betas, sample with DDIM; our timesteps() is "leading" spacing. x0 is
         # clipped only when the pipeline's own config says so (SD-1.5: no; pixel-space tiny prior: yes),
         # not by DDIMScheduler's default, which would clip latents.
@@ -328,19 +328,36 @@ def save_components(folder: Path, tokenizer, text_encoder, unet, scheduler, vae=
     (folder / "model_index.json").write_text(json.dumps(index, indent=2))
 
 
+def _frozen(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -> torch.nn.Module:
+    """On `device`, in eval mode, no gradients to its weights; cast only when loaded in another dtype
+    (diffusers warns about casting a loaded model with to(dtype): load it in the dtype instead)."""
+    same = all(p.dtype == dtype for p in module.parameters())
+    return (module.to(device) if same else module.to(device, dtype)).eval().requires_grad_(False)
+
+
 def load_components(source: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Prior:
     """A Prior from an SD-1.5-layout folder or hub id, each component through its class's from_pretrained.
     A local folder has a VAE when it has vae/; a hub SD pipeline always has one."""
     from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel
     from transformers import AutoTokenizer, CLIPTextModel
 
+    from transformers.utils import logging as hf_logging
+
     src = str(source)
-    unet = UNet2DConditionModel.from_pretrained(src, subfolder="unet", dtype=dtype)
-    text_encoder = CLIPTextModel.from_pretrained(src, subfolder="text_encoder", dtype=dtype)
+    # low_cpu_mem_usage=False: the default asks for `accelerate` (and prints why) to save a copy of
+    # weights this small; transformers' per-load progress bar is noise in a federation's log
+    unet = UNet2DConditionModel.from_pretrained(src, subfolder="unet", dtype=dtype, low_cpu_mem_usage=False)
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.disable_progress_bar()
+    try:
+        text_encoder = CLIPTextModel.from_pretrained(src, subfolder="text_encoder", dtype=dtype)
+    finally:
+        if bars:
+            hf_logging.enable_progress_bar()
     tokenizer = AutoTokenizer.from_pretrained(src, subfolder="tokenizer")
     raw = DDIMScheduler.load_config(src, subfolder="scheduler")  # the file as written (PNDM for SD-1.5)
     scheduler = DDIMScheduler.from_config(raw, clip_sample=bool(raw.get("clip_sample", False)))
     # from_pretrained itself takes an existing folder before a hub id: the same test here
     has_vae = (Path(src) / "vae").is_dir() if Path(src).is_dir() else True
-    vae = AutoencoderKL.from_pretrained(src, subfolder="vae", dtype=dtype) if has_vae else None
+    vae = AutoencoderKL.from_pretrained(src, subfolder="vae", dtype=dtype, low_cpu_mem_usage=False) if has_vae else None
     return Prior(tokenizer, text_encoder, unet, scheduler, vae, device=device, dtype=dtype, source=src)
