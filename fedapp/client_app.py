@@ -14,7 +14,7 @@ from flwr.clientapp import ClientApp
 from fedapp import registry
 from fedapp.client_context import ClientContext
 from fedapp.config import RunConfig, parse_run_config
-from fedapp.protocols import CLIENT_KEY, DOMAIN_KEY, FLOWER_CONFIG_KEYS, PARTITION_KEY, RUN_KEY
+from fedapp.protocols import CLIENT_KEY, DOMAIN_KEY, FLOWER_CONFIG_KEYS, NUM_PARTITIONS_KEY, PARTITION_KEY, RUN_KEY
 
 
 class Dispatcher:
@@ -41,7 +41,7 @@ class Dispatcher:
         if mtype not in handlers:
             raise ValueError(f"method {cfg.method!r} has no client handler for message type {mtype!r}")
         content = handlers[mtype](msg, ctx)
-        who = {PARTITION_KEY: ctx.partition_id}
+        who = {PARTITION_KEY: ctx.partition_id, NUM_PARTITIONS_KEY: ctx.num_partitions}
         if "shard" in ctx.__dict__ and isinstance(ctx.shard.meta.get("domain"), str):
             who[DOMAIN_KEY] = ctx.shard.meta["domain"]
         content[CLIENT_KEY] = ConfigRecord(who)

@@ -1,78 +1,179 @@
-"""Loopback deployment: a real SuperLink, two SuperNodes and `flwr run`, all on 127.0.0.1.
+"""Deployment: a real SuperLink, SuperNodes and `flwr run`, the way the README deploys the app.
 
-The same app that runs as a Ray simulation runs unchanged on SuperNodes; each SuperNode
-learns its shard only from `--node-config "partition-id=K num-partitions=N"`.
+The same app that runs as a Ray simulation runs unchanged on SuperNodes; each SuperNode learns its
+shard only from `--node-config "partition-id=K num-partitions=N"`. Every test runs FedAvg on the
+built-in digits and reads the run's summary.json. What each one proves:
+
+- loopback: two insecure SuperNodes on 127.0.0.1 complete a round (the smallest deployment);
+- TLS + SuperNode authentication: only a node whose public key was registered with
+  `flwr supernode register` takes part; a stranger with a key and one without are refused;
+- a SuperNode killed mid-run: the run completes and records that node's failure once, rightly;
+- a SuperNode in its own network namespace (root only) joins a SuperLink started with the README's
+  cross-host command (`--host 0.0.0.0`, TLS, authentication) over a veth pair.
 """
 
-import json
-import os
-import shutil
-import signal
-import socket
-import subprocess
-import sys
-import time
-from pathlib import Path
+from __future__ import annotations
+
+import re
+import threading
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+from deploy_util import (HAVE_FLWR_CLI, NO_FLWR_CLI, Federation, VethNamespace, fast_heartbeat_missing,
+                         fast_heartbeat_supernode, free_port, make_certs, make_node_key, netns_missing,
+                         wait_for)
+
+pytestmark = pytest.mark.skipif(not HAVE_FLWR_CLI, reason=NO_FLWR_CLI)
+
+SUPERNODE_ID = r"SuperNode ID: (\d+)"  # what a SuperNode logs once the SuperLink accepted it
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _start(args, env, log):
-    return subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _stop(procs):
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-
-
-@pytest.mark.skipif(shutil.which("flower-superlink", path=str(BIN)) is None, reason="flwr CLI not installed")
-def test_loopback_deployment_runs_one_fedavg_round(tmp_path):
-    home = tmp_path / "flwr-home"
-    home.mkdir()
-    port = _free_port()
-    node_ports = [_free_port(), _free_port()]
-    (home / "config.toml").write_text(
-        f'[superlink]\ndefault = "loopback"\n\n[superlink.loopback]\n'
-        f'address = "127.0.0.1:{port}"\ninsecure = true\n')
-    env = {**os.environ, "FLWR_HOME": str(home), "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
-           "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONPATH": str(ROOT),
-           "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}"}  # SuperLink spawns flower-superexec
-    log = open(tmp_path / "processes.log", "w")
-    procs = [_start([str(BIN / "flower-superlink"), "--insecure", "--host", "127.0.0.1", "--port", str(port),
-                     "--database", str(tmp_path / "state.db")], env, log)]
+@pytest.fixture
+def fed(tmp_path):
+    f = Federation(tmp_path)
     try:
-        time.sleep(4)
-        for k, p in enumerate(node_ports):
-            procs.append(_start([str(BIN / "flower-supernode"), "--insecure", "--superlink",
-                                 f"127.0.0.1:{port}", "--host", "127.0.0.1", "--port", str(p),
-                                 "--node-config", f"partition-id={k} num-partitions=2"], env, log))
-        out_dir = tmp_path / "runs"
-        overrides = (f"method='fedavg' dataset='digits' partitioner.name='iid' partitioner.per-class=0 num-server-rounds=1 min-clients=2 "
-                     f"run-name='deploy' out-dir='{out_dir}'")
-        run = subprocess.run([str(BIN / "flwr"), "run", str(ROOT), "loopback", "--run-config", overrides,
-                              "--stream"], env=env, capture_output=True, text=True, timeout=300, cwd=tmp_path)
-        summary_path = out_dir / "deploy" / "summary.json"
-        assert summary_path.exists(), run.stdout[-3000:] + run.stderr[-3000:] + (tmp_path / "processes.log").read_text()[-3000:]
-        s = json.loads(summary_path.read_text())
-        assert s["status"] == "completed" and s["num_clients"] == 2
-        assert set(s["metrics"]["per_client_accuracy"]) == {"0", "1"}
-        assert s["metrics"]["accuracy"] > 0.1
+        yield f
     finally:
-        _stop(procs)
-        log.close()
+        f.stop()
+
+
+@pytest.fixture
+def certs(tmp_path):
+    """make_certs(*ips): a fresh CA and a SuperLink certificate for those addresses."""
+    return lambda *ips: make_certs(tmp_path / "certs", ips)
+
+
+def node_id(proc) -> int:
+    return int(re.search(SUPERNODE_ID, wait_for(proc, SUPERNODE_ID, 60)).group(1))
+
+
+def register(fed: Federation, public_key, connection: str) -> int:
+    """`flwr supernode register`: the SuperLink's node id for that key."""
+    res = fed.flwr("supernode", "register", str(public_key), connection, "--format", "json")
+    found = re.search(r'"node-id":\s*(\d+)', res.stdout)
+    assert res.returncode == 0 and found, res.stdout + res.stderr
+    return int(found.group(1))
+
+
+def test_loopback_deployment_runs_one_fedavg_round(fed):
+    port = free_port()
+    fed.superlink("127.0.0.1", port)
+    fed.connection("loopback", f"127.0.0.1:{port}")
+    for k in range(2):
+        fed.supernode(f"node{k}", f"127.0.0.1:{port}", k, 2)
+    s = fed.run_app("loopback", "deploy", min_clients=2)
+    assert s["status"] == "completed" and s["num_clients"] == 2
+    assert set(s["metrics"]["per_client_accuracy"]) == {"0", "1"}
+    assert s["metrics"]["accuracy"] > 0.4  # it learned: chance is 0.10, an in-process run gets 0.61
+    assert s["failures"] == []
+
+
+def test_tls_and_supernode_auth_admit_only_registered_nodes(fed, certs):
+    """A SuperLink with TLS and `--enable-supernode-auth`; one node registered, two strangers (an
+    unregistered key, no key). min-clients=1 and FedAvg sampling every connected node make the
+    check exact: a stranger that got in would be trained and evaluated beside the member."""
+    tls = certs("127.0.0.1")
+    port = free_port()
+    link = fed.superlink("127.0.0.1", port, tls, auth=True)
+    fed.connection("secure", f"127.0.0.1:{port}", tls)
+    member_key, member_pub = make_node_key(fed.folder / "keys", "member")
+    stranger_key, _ = make_node_key(fed.folder / "keys", "stranger")
+    registered_id = register(fed, member_pub, "secure")
+
+    # The member is the whole federation (partition 0 of 1); each stranger claims to be a second
+    # member (partition 1 of 2), so one that got in would show up as client "1".
+    member = fed.supernode("member", f"127.0.0.1:{port}", 0, 1, tls, key=member_key)
+    stranger = fed.supernode("stranger", f"127.0.0.1:{port}", 1, 2, tls, key=stranger_key)
+    keyless = fed.supernode("keyless", f"127.0.0.1:{port}", 1, 2, tls)
+    assert node_id(member) == registered_id
+    wait_for(stranger, r"Failed to activate SuperNode", 60)
+    wait_for(keyless, r"SuperNode authentication is enabled\. All SuperNodes must be registered", 60)
+    assert stranger.popen.wait(timeout=30) != 0 and keyless.popen.wait(timeout=30) != 0
+    assert "No SuperNode found with the given public key" in link.text()  # the SuperLink's side
+
+    s = fed.run_app("secure", "tls-auth", min_clients=1)
+    assert s["status"] == "completed" and s["num_clients"] == 1
+    assert set(s["metrics"]["per_client_accuracy"]) == {"0"}
+    assert set(s["comm"]["per_client"]) == {"0"}
+    assert s["metrics"]["accuracy"] > 0.6  # the member's round was used: one client alone gets 0.85
+    assert s["failures"] == []
+
+
+@pytest.mark.skipif(fast_heartbeat_missing() is not None, reason=str(fast_heartbeat_missing()))
+def test_killed_supernode_is_recorded_once_and_the_run_completes(fed):
+    """Three nodes, min-clients 2; the node serving partition 2 is SIGKILLed (its whole process
+    group) the moment it receives round 1's train message, before its ClientApp starts, so it
+    never replies. The SuperLink declares it unavailable after two missed heartbeats (that node
+    promises one every 10 s, see fast_heartbeat_supernode); the round goes on with the other two
+    and so does evaluation. The failure is recorded once, under the dead node's own id (the reply
+    names the message it answers; Flower's error reply itself comes from the SuperLink), as
+    unavailable, not as a timeout."""
+    port = free_port()
+    fed.superlink("127.0.0.1", port)
+    fed.connection("loopback", f"127.0.0.1:{port}")
+    nodes = [fed.supernode(f"node{k}", f"127.0.0.1:{port}", k, 3,
+                           launcher=fast_heartbeat_supernode() if k == 2 else None) for k in range(3)]
+    victim, victim_id = nodes[2], node_id(nodes[2])
+    killed: list[BaseException | None] = []
+
+    def kill_on_first_train_message():
+        try:
+            wait_for(victim, r"Receiving: train message", 180)
+            victim.kill()
+            killed.append(None)
+        except BaseException as err:  # surfaced by the main thread
+            killed.append(err)
+
+    killer = threading.Thread(target=kill_on_first_train_message, daemon=True)
+    killer.start()
+    s = fed.run_app("loopback", "killed-node", min_clients=2)
+    killer.join(timeout=30)
+    assert killed == [None], killed
+
+    assert s["status"] == "completed" and s["num_clients"] == 3
+    assert set(s["metrics"]["per_client_accuracy"]) == {"0", "1"}  # evaluated without the dead node
+    failures = s["failures"]
+    assert len(failures) == 1 and failures[0]["node_id"] == victim_id, failures
+    failure = failures[0]
+    assert "no reply within" not in failure["reason"]
+    assert failure["phase"] == "train"
+    assert failure["partition_id"] in (None, 2)  # it died before replying: its partition may be unknown
+    assert "unavailable" in failure["reason"].lower()  # Flower's verdict, not a timeout
+
+
+@pytest.fixture
+def namespace():
+    reason = netns_missing()
+    if reason:
+        pytest.skip(reason)
+    try:
+        ns = VethNamespace.create()
+    except RuntimeError as err:
+        pytest.skip(str(err))
+    try:
+        yield ns
+    finally:
+        ns.remove()
+
+
+def test_supernode_in_another_network_namespace_joins_over_tls_with_auth(namespace, fed, certs):
+    """The README's cross-host commands: the SuperLink on all interfaces (`--host 0.0.0.0`) with TLS
+    and SuperNode authentication; the one SuperNode runs inside a namespace whose only way out is a
+    veth pair, so it reaches the SuperLink at its LAN address exactly as another machine would.
+    (`namespace` comes first: its teardown runs after `fed` has stopped the node inside it.)"""
+    server = namespace.host_ip
+    tls = certs(server, "127.0.0.1")  # 127.0.0.1: the SuperLink's own SuperExec connects there
+    port = free_port("0.0.0.0")
+    link = fed.superlink("0.0.0.0", port, tls, auth=True)
+    fed.connection("lan", f"{server}:{port}", tls)
+    key, pub = make_node_key(fed.folder / "keys", "remote")
+    registered_id = register(fed, pub, "lan")
+    remote = fed.supernode("remote", f"{server}:{port}", 0, 1, tls, key=key, prefix=namespace.exec)
+    assert node_id(remote) == registered_id
+    # The SuperLink's access log: the node came in from the namespace's side of the veth pair.
+    wait_for(link, rf'{re.escape(namespace.ns_ip)}:\d+ - "POST /v1/fleet/activate-node HTTP/1.1" 200', 10)
+    s = fed.run_app("lan", "netns", min_clients=1)
+    assert s["status"] == "completed" and s["num_clients"] == 1
+    assert set(s["metrics"]["per_client_accuracy"]) == {"0"}
+    assert s["metrics"]["accuracy"] > 0.6  # the namespaced node's update arrived: alone it gets 0.85
+    assert s["failures"] == []

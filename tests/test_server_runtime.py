@@ -154,3 +154,46 @@ def test_summary_says_running_from_the_start_then_failed_with_the_reason(tmp_pat
     assert seen["status"] == "running"
     assert summary["status"] == "failed" and summary["error"] == "ConnectionError: SuperLink went away"
     assert summary["failures"] == [] and "wall_seconds" in summary
+
+
+def test_a_node_that_died_is_recorded_once_under_its_own_id(tmp_path):
+    """Flower answers for a dead node itself: the error reply's src_node_id is the SuperLink's. The
+    grid attributes a reply by the message it answers, so the failure is the dead node's, recorded
+    once as unavailable and not also as a timeout."""
+    from flwr.app import Error
+    from flwr.common.constant import SUPERLINK_NODE_ID, ErrorCode
+
+    class _OneDies:
+        def get_node_ids(self):
+            return [7, 8]
+
+        def send_and_receive(self, messages, timeout=None):
+            for i, m in enumerate(messages):  # what Flower's push does to the sent messages
+                m.metadata._message_id = f"msg-{i}"
+            alive = _reply(8, {"w": torch.zeros(2)})
+            alive.metadata._reply_to_message_id = "msg-1"
+            alive.content["client"] = ConfigRecord({"partition-id": 1})
+            dead = Message(Error(code=ErrorCode.NODE_UNAVAILABLE, reason="Node Unavailable"), reply_to=messages[0])
+            dead.metadata._src_node_id = SUPERLINK_NODE_ID  # the SuperLink wrote it, not node 7
+            return [alive, dead]
+
+    run = ServerRun(cfg=parse_run_config({"min-clients": 1}), out=RunDir(tmp_path / "r"))
+    grid = MeteredGrid(_OneDies(), run)
+    msgs = [Message(RecordDict({"arrays": ArrayRecord({"w": torch.zeros(2)})}), dst_node_id=n, message_type="train")
+            for n in (7, 8)]
+    grid.send_and_receive(msgs, timeout=3600)
+    assert [(f["node_id"], f["phase"]) for f in run.failures] == [(7, "train")]
+    assert "node unavailable after" in run.failures[0]["reason"]
+
+
+def test_a_node_that_split_the_data_another_way_is_refused(tmp_path):
+    """A SuperNode started with another num-partitions holds another shard than the server knows of."""
+    from fedapp.server.grid import claim_partition
+
+    run = ServerRun(cfg=parse_run_config({"min-clients": 1}), out=RunDir(tmp_path / "r"))
+    run.num_partitions = 3
+    ok = RecordDict({"client": ConfigRecord({"partition-id": 0, "num-partitions": 3})})
+    other = RecordDict({"client": ConfigRecord({"partition-id": 1, "num-partitions": 2})})
+    assert claim_partition(run, 10, ok, live=set()) is None and run.node_partition == {10: 0}
+    why = claim_partition(run, 11, other, live=set())
+    assert why.startswith("num-partitions=2: the run has 3 nodes") and 11 not in run.node_partition

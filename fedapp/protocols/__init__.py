@@ -26,6 +26,7 @@ FLOWER_CONFIG_KEYS = (ROUND_KEY, PROXIMAL_MU_KEY)
 
 # Keys of CLIENT_KEY's ConfigRecord and of METRICS_KEY's MetricRecord every method uses.
 PARTITION_KEY = "partition-id"
+NUM_PARTITIONS_KEY = "num-partitions"  # how many partitions the node split the data into (its --node-config)
 DOMAIN_KEY = "domain"
 NUM_EXAMPLES_KEY = "num-examples"  # Flower's FedAvg weights uploads by this metric
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 from flwr.app import Message, RecordDict
 
-from fedapp.protocols import CLIENT_KEY, DOMAIN_KEY, PARTITION_KEY
+from fedapp.protocols import CLIENT_KEY, DOMAIN_KEY, NUM_PARTITIONS_KEY, PARTITION_KEY
 from fedapp.protocols.records import record_nbytes
 from fedapp.server.run import ServerRun
 
@@ -47,13 +47,15 @@ class MeteredGrid:
         t0 = time.time()
         replies = list(self._grid.send_and_receive(messages, timeout=timeout))
         self.run.add_seconds(phase, time.time() - t0)
+        elapsed = time.time() - t0
         answered, kept = set(), []
         live = LiveNodes(self._grid)
+        sender = senders(messages)
         for r in replies:
-            node = r.metadata.src_node_id
+            node = sender(r)
             answered.add(node)
             if r.has_error():
-                self.run.fail(node, phase, f"client error: {r.error.reason}")
+                self.run.fail(node, phase, error_reason(r, elapsed))
                 kept.append(r)
                 continue
             self.run.ledger.add(str(node), phase, "up", record_nbytes(r.content))
@@ -68,6 +70,25 @@ class MeteredGrid:
         ok = sum(not r.has_error() for r in kept)
         log.info("[%s] %d/%d clients replied in %.1fs", phase, ok, len(messages), time.time() - t0)
         return kept
+
+
+def senders(messages: list[Message]) -> Callable[[Message], int]:
+    """reply -> the node it answers for. A reply names the message it answers (reply_to_message_id);
+    that is the node's own id even when the SuperLink writes the reply itself (a node that died: the
+    error's src_node_id is then the SuperLink's). Unsent messages carry no ids: src_node_id then."""
+    by_id = {m.metadata.message_id: m.metadata.dst_node_id for m in messages if m.metadata.message_id}
+    if len(by_id) != len(messages):
+        by_id = {}
+    return lambda r: by_id.get(r.metadata.reply_to_message_id, r.metadata.src_node_id)
+
+
+def error_reason(reply: Message, elapsed: float) -> str:
+    """One line per failure: a node that left (Flower's NODE_UNAVAILABLE) or the client's own error."""
+    from flwr.common.constant import ErrorCode
+
+    if reply.error.code == ErrorCode.NODE_UNAVAILABLE:
+        return f"node unavailable after {elapsed:.0f} s (missed heartbeats)"
+    return f"client error: {reply.error.reason}"
 
 
 class LiveNodes:
@@ -88,10 +109,13 @@ def claim_partition(run: ServerRun, node: int, content: RecordDict, live: Any) -
     rec = content.config_records.get(CLIENT_KEY)
     if rec is None:
         return f"no {CLIENT_KEY!r} record naming the partition"
-    extra = sorted(set(rec.keys()) - {PARTITION_KEY, DOMAIN_KEY})
+    extra = sorted(set(rec.keys()) - {PARTITION_KEY, NUM_PARTITIONS_KEY, DOMAIN_KEY})
     if extra:
         return f"unexpected keys {extra} in the {CLIENT_KEY!r} record"
     pid, n = rec.get(PARTITION_KEY), run.num_partitions
+    if NUM_PARTITIONS_KEY in rec and rec[NUM_PARTITIONS_KEY] != n:  # its shard is another split of the data
+        return (f"{NUM_PARTITIONS_KEY}={rec[NUM_PARTITIONS_KEY]!r}: the run has {n} nodes; start every "
+                f"SuperNode with --node-config \"partition-id=K {NUM_PARTITIONS_KEY}={n}\"")
     if isinstance(pid, bool) or not isinstance(pid, int):
         return f"{PARTITION_KEY}={pid!r}: must be an integer"
     if n is None or not 0 <= pid < n:
