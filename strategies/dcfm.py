@@ -24,6 +24,7 @@ from flwr.app import ArrayRecord
 from fedapp.models.compose import ci_penalty, composite_field, mask_labels, mixture_composite
 from fedapp.protocols import ARRAYS_KEY, ROUND_KEY
 from fedapp.protocols import dcfm as P
+from fedapp.server.checkpoint import save_model
 from strategies.flow import FlowStrategy, timed
 
 
@@ -135,6 +136,7 @@ class DcfmStrategy(FlowStrategy):
                                 lr=self.opts.lr, pi=self.opts.student_pi, lambda_ci=self.opts.lambda_student,
                                 seed=self.run.cfg.seed + 6, device=self.run.device)
         self.student = student.eval().requires_grad_(False)
+        save_model(self.run.out, self.student.state_dict())
         return {f"distill_{k}": v for k, v in stats.items()} | {"replay_states": len(buf["x"])}
 
     def execute(self, grid) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from fedapp.protocols import ARRAYS_KEY, NUM_EXAMPLES_KEY, RUN_KEY
 from fedapp.protocols import pfdm as P
 from fedapp.protocols.records import dtypes_of, partition_of, tensors_of
 from fedapp.server import FedappStrategy, PhasedStrategy, keep_valid
+from fedapp.server.checkpoint import save_model
 from strategies.generation_eval import GenerationEval, memorisation, sample_model
 
 log = logging.getLogger("fedapp")
@@ -92,6 +93,7 @@ class FedAvgDDPMStrategy(FedappStrategy, FedAvg):
         result = self.start(grid=grid, initial_arrays=initial, num_rounds=cfg.num_server_rounds,
                             timeout=cfg.round_timeout, train_config=self.run_config_record())
         model.load_state_dict(result.arrays.to_torch_state_dict())
+        save_model(run.out, model.state_dict())
         t = time.time()
         metrics = score_released_model(run, ev, model.eval(), len(nodes), "fedavg_ddpm_global")
         run.phase_seconds["evaluation"] = time.time() - t

@@ -28,6 +28,7 @@ from fedapp.models.flow import euler, sample_path
 from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY, RUN_KEY
 from fedapp.protocols import dcfm as P
 from fedapp.server import FedappStrategy, ServerRun, keep_valid
+from fedapp.server.checkpoint import save_model
 from strategies.flow import FlowEvaluation, FlowStrategy, FlowTask, timed
 
 
@@ -76,6 +77,7 @@ class FedFlowStrategy(FedappStrategy, FedAvg):
             result = self.start(grid=grid, initial_arrays=initial, num_rounds=cfg.num_server_rounds,
                                 timeout=cfg.round_timeout, train_config=self.run_config_record())
         global_model = self.task.load(result.arrays.to_torch_state_dict())
+        save_model(self.run.out, global_model.state_dict())
         return FlowEvaluation(self.run, self.task).finish(lambda y, part: joint_field(global_model, y),
                                                           {"rounds": cfg.num_server_rounds}, num_experts=self.uploads)
 

@@ -14,6 +14,7 @@ from fedapp.metrics import accuracy_by_group, weighted_client_accuracy
 from fedapp.protocols import ARRAYS_KEY
 from fedapp.protocols import classify
 from fedapp.server import PhasedStrategy
+from fedapp.server.checkpoint import save_model
 
 log = logging.getLogger("fedapp")
 
@@ -39,6 +40,7 @@ class OneShotStrategy(PhasedStrategy):
     def evaluate_classifier(self, grid, model: torch.nn.Module, server, nodes: list[int]) -> dict[str, Any]:
         """Global test accuracy (per domain) on the server, and each client's on its real test split."""
         model = model.eval()
+        save_model(self.run.out, model.state_dict())
         metrics = accuracy_by_group(model, server.test, server.info, device=self.run.device)
         weights = ArrayRecord({k: v.cpu() for k, v in model.state_dict().items()})
         replies = self.exchange(grid, classify.EVALUATE, nodes, lambda n: {ARRAYS_KEY: weights},

@@ -33,6 +33,7 @@ from fedapp.privacy import clip_norm, privacy_record, privatize, resolve_t0
 from fedapp.protocols import pfdm as P
 from fedapp.protocols.records import partition_of, tensors_of
 from fedapp.server import PhasedStrategy
+from fedapp.server.checkpoint import save_model
 from strategies.generation_eval import GenerationEval, loss_scores, memorisation, unit
 
 log = logging.getLogger("fedapp")
@@ -76,6 +77,7 @@ class PFDMStrategy(PhasedStrategy):
         # 2. the shared denoiser z_w
         t = time.time()
         shared = self.train_shared(x_up, y_up, ev.num_classes)
+        save_model(run.out, shared.state_dict())  # z_w: what the server holds and sends
         run.phase_seconds["shared-denoiser"] = time.time() - t
 
         # 3. personalised sampling on the clients (evaluation)

@@ -165,6 +165,11 @@ def test_every_flow_method_runs_its_protocol_on_an_in_process_grid(tmp_path, nam
     assert set(m) == SHARED_METRICS | own
     assert m["num_experts"] == 3
     assert phases <= set(s["phase_seconds"])
+    from pathlib import Path
+
+    # the one generator the method ends with is saved: B's student, FedFlow's global model
+    saved = (Path(s["run_dir"]) / "model.safetensors").exists()
+    assert saved == (name in ("dcfm-b", "fedflow")), name
     for c, v in m["model_transfers_by_client"].items():
         # ddm: the router (32 channels) rides beside the N - 1 peers: 0.4 of this width-8 velocity net
         assert transfers <= v < transfers + (0.5 if name == "ddm" else 0.1), (c, v)

@@ -3,7 +3,7 @@ simulate_in_process, and the ReplyCache experiments share between runs."""
 
 import pytest
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ConfigRecord, Message, RecordDict
 
 from fedapp.config import ConfigError, all_defaults
 from fedapp.protocols import RUN_KEY

@@ -208,6 +208,10 @@ def test_ddpm_baselines_protocols_on_an_in_process_grid(tmp_path, method):
         assert all(p["messages_down"] == 1 and p["messages_up"] == 1 for p in per.values())
     else:
         assert math.isfinite(m["mia_auc"])
+        from safetensors.torch import load_file
+
+        saved = load_file(f"{s['run_dir']}/model.safetensors")  # the released global DDPM
+        assert saved.keys() == build_ddpm(8, 10, flag=False).state_dict().keys()
         model_bytes = sum(a.numel() * a.element_size() for a in build_ddpm(8, 10, flag=False).state_dict().values())
         assert all(p["up_bytes"] >= model_bytes * TINY["num-server-rounds"] for p in per.values())
 
@@ -235,3 +239,36 @@ def test_upload_noise_comes_from_the_os_so_the_server_cannot_subtract_it():
         assert err.mean() > 0.8 * expected
     noise = (up1 - math.sqrt(a) * truth) / math.sqrt(1 - a)
     assert abs(noise.mean()) < 0.05 and abs(noise.std() - 1) < 0.05  # standard normal, as the bound assumes
+
+
+def test_two_runs_with_one_seed_differ_in_the_upload_noise_and_nothing_else(tmp_path):
+    """Same config, same seed: the released x~ differ (fresh OS noise), labels and everything the seed
+    decides (the private denoiser, hence its private-only samples) are identical."""
+    from fedapp.protocols import pfdm as P
+    from fedapp.server_app import run_server
+    from fedapp.simulation import InProcessGrid, resolve_run_config
+
+    class _Recording(InProcessGrid):
+        def __init__(self, n):
+            super().__init__(n)
+            self.replies = {}
+
+        def deliver(self, msg):
+            reply = super().deliver(msg)
+            pid = self.nodes[msg.metadata.dst_node_id].node_config["partition-id"]
+            self.replies[(msg.metadata.message_type, pid)] = reply.content
+            return reply
+
+    runs = []
+    for name in ("a", "b"):
+        flat, _ = resolve_run_config({**TINY, "method": "pfdm", "out-dir": str(tmp_path), "run-name": name}, 2)
+        grid = _Recording(2)
+        run_server(grid, flat)
+        runs.append(grid.replies)
+    a, b = runs
+    for pid in (0, 1):
+        up_a, up_b = (r[("train", pid)].array_records[P.UPLOAD_KEY] for r in (a, b))
+        assert not np.array_equal(up_a[P.X].numpy(), up_b[P.X].numpy())
+        assert np.array_equal(up_a[P.Y].numpy(), up_b[P.Y].numpy())
+        s_a, s_b = (r[("query.sample", pid)].array_records[P.SAMPLES_KEY] for r in (a, b))
+        assert np.array_equal(s_a[P.PRIVATE_ONLY].numpy(), s_b[P.PRIVATE_ONLY].numpy())
