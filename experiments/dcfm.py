@@ -37,7 +37,7 @@ QUICK = {**SETTINGS, "num-server-rounds": 2, "dcfm.fl-local-steps": 5, "dcfm.loc
 
 def config(name: str, extra: dict, split: str, clients: int, settings: dict, out_dir: str) -> dict:
     method = "dcfm" if name.startswith("dcfm") else name
-    return {"method": method, "dataset": "colored-digits", "partitioner": "attribute-holdout",
+    return {"method": method, "partitioner": "attribute-holdout",
             "partitioner.per-class": 0, "partitioner.coverage": 0.5, "partitioner.split": split, "min-clients": clients,
             "out-dir": out_dir, "run-name": f"{name}-{split}", **settings, **extra}
 
@@ -90,6 +90,8 @@ def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog=prog("dcfm"), description=__doc__.split("\n")[0])
     p.add_argument("--clients", type=int, default=5)
     p.add_argument("--quick", action="store_true", help="a smoke run (minutes), not the table")
+    p.add_argument("--dataset", default="colored-digits", help="digit x colour data (colored-mnist: real digits)")
+    p.add_argument("--image-size", type=int, default=0, help="0: the table's setting (8)")
     p.add_argument("--out", default="docs", help="folder for dcfm.json and dcfm_grid.png")
     p.add_argument("--runs", default="runs/dcfm-table", help="folder of the runs' own folders")
     p.add_argument("--backend", choices=BACKENDS, default="ray",
@@ -98,7 +100,9 @@ def main(argv: list[str]) -> None:
     import os
 
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    settings = QUICK if a.quick else SETTINGS
+    settings = {**(QUICK if a.quick else SETTINGS), "dataset": a.dataset}
+    if a.image_size:
+        settings["image-size"] = a.image_size
     check_configs([config(n, e, s, a.clients, settings, a.runs) for s in SPLITS for n, e in ROWS], a.clients)
     out = Path(a.out) / "dcfm.json"
     done = json.loads(out.read_text()) if out.exists() else {}

@@ -34,7 +34,7 @@ KEEP = ("majority_distance", "minority_distance", "mean_distance", "sample_accur
 
 
 def config(args, method: str) -> dict:
-    return {"method": method, "dataset": "colored-digits", "partitioner": "minority", "partitioner.per-class": 0,
+    return {"method": method, "dataset": args.dataset, "partitioner": "minority", "partitioner.per-class": 0,
             "image-size": args.image_size,
             "seed": args.seed, "out-dir": args.runs, "min-clients": 2, "num-server-rounds": args.rounds,
             "pfdm.local-steps": args.steps, "pfdm.shared-steps": args.steps, "pfdm.samples": args.samples,
@@ -97,7 +97,7 @@ def plot_scaling(scaling: list[dict], path: Path) -> None:
     b.plot(n, [r["private_only_minority_distance"] - r["minority_distance"] for r in scaling], "o-", color="C2")
     b.axhline(0, color="grey", lw=0.8)
     b.set_xscale("log", base=2); b.set_xlabel("clients"); b.set_ylabel("gap: non-collab. − PFDM\n(> 0: PFDM better)")
-    fig.suptitle("colored-digits, minority classes of client 0 (Frechet distance on SmallCNN features)", fontsize=9)
+    fig.suptitle("minority classes of client 0 (Frechet distance on SmallCNN features)", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
     fig.savefig(path, dpi=110)
 
@@ -113,6 +113,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--attack-samples", type=int, default=300)
     ap.add_argument("--channels", default="16,32")
     ap.add_argument("--epsilon", type=float, default=10.0)
+    ap.add_argument("--dataset", default="colored-digits", help="a dataset with classes (colored-mnist: real digits)")
     ap.add_argument("--image-size", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--methods", default=",".join(TABLE_METHODS))
