@@ -86,7 +86,10 @@ def _field_types(cls: type) -> dict[str, tuple[type, Mapping[str, Any]]]:
     for name, f in hints.items():
         if f.metadata.get("skip"):
             continue
-        typ = int if f.metadata.get("auto") else f.type if isinstance(f.type, type) else types[str(f.type)]
+        if f.metadata.get("auto"):  # declared `int | str` / `float | str`: the scalar type, or "auto"
+            typ = types[str(f.type).split("|")[0].strip()]
+        else:
+            typ = f.type if isinstance(f.type, type) else types[str(f.type)]
         out[name] = (typ, f.metadata)
     return out
 

@@ -111,7 +111,8 @@ class EspressoStrategy(OneShotStrategy):
 
     def __init__(self, run: ServerRun):
         super().__init__(run)
-        self.opts: P.EspressoOptions = dataclasses.replace(run.cfg.options, **self.FIXED)
+        opts = dataclasses.replace(run.cfg.options, **self.FIXED)
+        self.opts: P.EspressoOptions = dataclasses.replace(opts, gamma1=P.guidance(opts, run.cfg))
         self.uploads: dict[int, dict[str, torch.Tensor]] = {}  # partition id -> validated upload
         self.upload_bytes: dict[int, int] = {}
         self.domains: dict[int, str] = {}  # partition id -> domain, when the data has domains
@@ -121,7 +122,7 @@ class EspressoStrategy(OneShotStrategy):
 
     def run_config_record(self, **extra: Any) -> ConfigRecord:
         """The run config with the pinned switches, so the clients learn what the method needs."""
-        fixed = {f"{P.NAMESPACE}.{k.replace('_', '-')}": v for k, v in self.FIXED.items()}
+        fixed = {f"{P.NAMESPACE}.{k.replace('_', '-')}": v for k, v in {**self.FIXED, "gamma1": self.opts.gamma1}.items()}
         return super().run_config_record(**fixed, **extra)
 
     # ---- phase 1: the uploads -----------------------------------------------------------------------

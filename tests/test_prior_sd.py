@@ -98,6 +98,12 @@ def test_image_size_auto_comes_from_the_prior_and_a_conflict_is_one_line(sd, tmp
     with pytest.raises(ConfigError) as err:
         resolve_run_config({"method": "espresso", "prior": str(folder), "image-size": 16, "out-dir": str(tmp_path)}, 2)
     assert str(err.value) == f"image-size=16: prior={str(folder)!r} makes 32x32 images; must be 'auto' or 32"
+    from fedapp.models.prior import prior_guidance
+
+    assert prior_guidance(folder) == 7.5 and prior_guidance("tiny", "digits") == 3.0  # the prior's own CFG scale
+    with pytest.raises(ConfigError, match=r"espresso.gamma2=8.0: must be < espresso.gamma1 \(auto: 7.5"):
+        resolve_run_config({"method": "espresso", "prior": str(folder), "espresso.gamma2": 8.0,
+                            "out-dir": str(tmp_path)}, 2)
     with pytest.raises(ConfigError, match=r"feddifrc.up-blocks='2': prior=.* has up-blocks 0..1"):
         resolve_run_config({"method": "feddifrc", "prior": str(folder), "feddifrc.up-blocks": "2",
                             "out-dir": str(tmp_path)}, 2)
@@ -126,5 +132,6 @@ def test_sd_layout_prior_end_to_end_on_32px(sd, tmp_path, method):
     assert config["image-size"] == 32
     if method != "feddifrc":
         assert m["num_synthetic"] == 2 * 20 and m["unet_evals_per_image"] > 0
+        assert m["options"]["gamma1"] == 7.5  # auto: Stable Diffusion's own guidance, not the tiny prior's
     else:
         assert m["representation_cache_bytes_total"] > 0

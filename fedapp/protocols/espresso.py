@@ -17,8 +17,8 @@ from dataclasses import dataclass
 import torch
 from flwr.app import RecordDict
 
-from fedapp.config import ConfigError, opt
-from fedapp.models.prior.samplers import DEFAULT_GAMMA2, DEFAULT_GUIDANCE, DEFAULT_ZIGZAG_T
+from fedapp.config import AUTO, ConfigError, opt
+from fedapp.models.prior.samplers import DEFAULT_GAMMA2, DEFAULT_ZIGZAG_T
 from fedapp.protocols import EVALUATE, METRICS_KEY, NUM_EXAMPLES_KEY, Phase, ShardFacts
 from fedapp.protocols.records import check_arrays, check_at_most, check_float, check_integer, tensors_of
 
@@ -74,7 +74,9 @@ class EspressoOptions:
     init: str = opt("gmm", choices=("gaussian", "gmm"), help="z^T from N(0, I) or from the client's GMM (G)")
     sampler: str = opt("zigzag", choices=("ddim", "zigzag"), help="DDIM or Z-sampling (Z)")
     zigzag_t: int = opt(DEFAULT_ZIGZAG_T, low=0, high=1000, help="T_z: zigzag on steps with t > T_z")
-    gamma1: float = opt(DEFAULT_GUIDANCE, low=0.0, help="guidance of the denoising steps (CFG vs the empty prompt)")
+    gamma1: float | str = opt(AUTO, auto=True, low=0.0,
+                              help="guidance of the denoising steps (CFG vs the empty prompt); auto: the prior's "
+                                   "own (tiny 3.0, Stable Diffusion 7.5)")
     gamma2: float = opt(DEFAULT_GAMMA2, low=0.0, help="guidance of Z-sampling's inversion step (< gamma1)")
     steps: int = opt(10, low=1, high=1000, help="DDIM steps of the server's sampler (10: one zigzag above T_z=800)")
     embed_steps: int = opt(100, low=0, help="Adam steps of condition learning per client (all conditions together)")
@@ -92,7 +94,7 @@ class EspressoOptions:
                                            "(x, y, client) for diagnostics")
 
     def __post_init__(self) -> None:
-        if self.sampler == "zigzag" and not self.gamma2 < self.gamma1:
+        if self.sampler == "zigzag" and self.gamma1 != AUTO and not self.gamma2 < self.gamma1:
             raise ConfigError(f"espresso.gamma2={self.gamma2!r}: must be < espresso.gamma1={self.gamma1!r} "
                               "(Z-sampling injects semantics through gamma1 - gamma2)")
         if self.mixup_pairs * self.diffusions_per_latent < self.gmm_components:
@@ -185,3 +187,22 @@ def needs_prior(opts: EspressoOptions) -> bool:
 
 
 OPTIONS = EspressoOptions
+
+
+def guidance(opts: EspressoOptions, cfg) -> float:
+    """gamma1: the option, or for "auto" the prior's own guidance (read from its folder, no weights)."""
+    if opts.gamma1 != AUTO:
+        return float(opts.gamma1)
+    from fedapp.models.prior import prior_guidance
+
+    return prior_guidance(cfg.prior, cfg.dataset)
+
+
+def preflight(cfg) -> str | None:
+    """Z-sampling needs gamma2 < gamma1, also when gamma1 comes from the prior."""
+    opts = cfg.options
+    if opts.sampler == "zigzag" and opts.gamma1 == AUTO and not opts.gamma2 < guidance(opts, cfg):
+        return (f"espresso.gamma2={opts.gamma2!r}: must be < espresso.gamma1 (auto: {guidance(opts, cfg)!r} for "
+                f"prior={cfg.prior!r}); Z-sampling injects semantics through gamma1 - gamma2")
+    return None
+

@@ -40,6 +40,13 @@ class PriorSource:
         return None if self.kind == "hub" else Path(self.location)
 
 
+def tiny_image_size(dataset: str) -> int:
+    """The size the tiny prior of `dataset` is built at: the dataset's native size."""
+    from feddata import native_size
+
+    return native_size(dataset)
+
+
 def is_tiny(spec: str | Path) -> bool:
     return str(spec) == "tiny" or str(spec).startswith("tiny:")
 
@@ -52,7 +59,8 @@ def resolve_prior(spec: str | Path, dataset: str | None = None, cache_dir: str |
         from .tiny import DEFAULT_DATASET, tiny_prior_path
 
         ds = spec.partition(":")[2] or dataset or DEFAULT_DATASET
-        return PriorSource("tiny", str(tiny_prior_path(ds, cache_dir=cache_dir)), ds)
+        # built at the dataset's native size (16 for the 8x8 sets, 28 for the MNIST sets)
+        return PriorSource("tiny", str(tiny_prior_path(ds, tiny_image_size(ds), cache_dir=cache_dir)), ds)
     path = Path(spec).expanduser()
     if path.is_dir():
         missing = [s for s in REQUIRED if not (path / s).is_dir()]
@@ -88,9 +96,7 @@ def prior_image_size(spec: str | Path, dataset: str | None = None, cache_dir: st
     prior that is not built yet has the size it will be built at."""
     src = resolve_prior(spec, dataset, cache_dir)
     if src.kind == "tiny" and not src.folder.is_dir():
-        from .tiny.config import DEFAULT_IMAGE_SIZE
-
-        return DEFAULT_IMAGE_SIZE
+        return tiny_image_size(src.dataset)
     unet = _config_json(src, "unet")
     if unet is None:
         raise ValueError(f"prior={str(spec)!r}: no unet/config.json")
@@ -98,6 +104,19 @@ def prior_image_size(spec: str | Path, dataset: str | None = None, cache_dir: st
     size = size if isinstance(size, int) else int(size[0])
     vae = _config_json(src, "vae")
     return size * (2 ** (len(vae["block_out_channels"]) - 1) if vae is not None else 1)
+
+
+SD_GUIDANCE = 7.5  # diffusers' StableDiffusionPipeline default guidance_scale
+
+
+def prior_guidance(spec: str | Path, dataset: str | None = None, cache_dir: str | Path | None = None) -> float:
+    """The prior's own classifier-free guidance scale: a built-in tiny prior's measured best
+    (samplers.DEFAULT_GUIDANCE, docs/tiny_prior.md), Stable Diffusion's 7.5 for any other pipeline."""
+    from .samplers import DEFAULT_GUIDANCE
+
+    src = resolve_prior(spec, dataset, cache_dir)
+    built_tiny = src.kind != "hub" and (src.folder / "prior_meta.json").is_file()
+    return DEFAULT_GUIDANCE if src.kind == "tiny" or built_tiny else SD_GUIDANCE
 
 
 def prior_up_blocks(spec: str | Path, dataset: str | None = None, cache_dir: str | Path | None = None) -> int:
@@ -133,7 +152,7 @@ def load_prior(name_or_path: str | Path, device: str | torch.device = "cpu", dty
                              f"{src.folder}; build it with `python -m fedapp.models.prior.tiny --dataset {src.dataset}`")
         from .tiny import build_tiny_prior
 
-        build_tiny_prior(src.dataset, cache_dir=cache_dir)
+        build_tiny_prior(src.dataset, tiny_image_size(src.dataset), cache_dir=cache_dir)
     if src.kind != "hub":
         return load_components(src.location, device, dtype)
     try:

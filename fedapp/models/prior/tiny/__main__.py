@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="python -m fedapp.models.prior.tiny",
                                 description="Build (cached) and evaluate the built-in tiny prior.")
     p.add_argument("--dataset", default=DEFAULT_DATASET)
-    p.add_argument("--image-size", type=int, default=16)
+    p.add_argument("--image-size", type=int, default=0, help="0: the dataset's native size (what `tiny` resolves to)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--cache-dir", default=None)
@@ -72,7 +72,10 @@ def main(argv: list[str] | None = None) -> None:
     torch.set_num_threads(a.threads or auto_threads())
     print(f"torch threads: {torch.get_num_threads()} (load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores)")
     t0 = time.time()
-    folder = build_tiny_prior(a.dataset, a.image_size, a.steps, a.seed, a.cache_dir, config=config)
+    from feddata import native_size
+
+    size = a.image_size or native_size(a.dataset)
+    folder = build_tiny_prior(a.dataset, size, a.steps, a.seed, a.cache_dir, config=config)
     build_seconds = time.time() - t0
     print(f"prior: {folder} ({build_seconds:.0f} s this call)")
     if a.no_eval:
