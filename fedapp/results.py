@@ -25,11 +25,20 @@ def _jsonable(obj: Any) -> Any:
     return obj
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_bytes(path: Path, data: bytes) -> None:
+    """Write through a temp file + rename. The file gets the mode a plain open() would give it
+    (0666 less the umask: readable by the user's group), not mkstemp's private 0600."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o666 & ~_umask())
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()

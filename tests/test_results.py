@@ -25,3 +25,16 @@ def test_metrics_jsonl_and_plot(tmp_path):
     assert json.loads(lines[0])["nan"] is None  # NaN is written as null, valid JSON
     png = run.plot_accuracy()
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_result_files_are_readable_by_the_group(tmp_path):
+    """Atomic writes go through mkstemp (mode 0600); the result must get a plain file's mode instead."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        atomic_write_json(tmp_path / "summary.json", {"a": 1})
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "summary.json").stat().st_mode) == 0o644
