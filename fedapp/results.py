@@ -26,7 +26,15 @@ def _jsonable(obj: Any) -> Any:
 
 
 def _umask() -> int:
-    mask = os.umask(0)
+    """The process umask, read without setting it (os.umask would change it for every thread at once)."""
+    try:
+        with open("/proc/self/status") as fh:
+            for line in fh:
+                if line.startswith("Umask:"):
+                    return int(line.split()[1], 8)
+    except OSError:
+        pass
+    mask = os.umask(0o022)  # no /proc: read by setting, then restore
     os.umask(mask)
     return mask
 
