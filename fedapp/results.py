@@ -136,6 +136,23 @@ class RunDir:
         atomic_write_bytes(p, buf.getvalue())
         return p
 
+    def plot_phases(self, seconds: dict[str, float], name: str = "phases.png") -> Path | None:
+        """Wall time per phase (summary.json's phase_seconds) as horizontal bars."""
+        if not seconds:
+            return None
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(5, 0.4 * len(seconds) + 1))
+        ax.barh(list(seconds), list(seconds.values()))
+        ax.invert_yaxis()
+        ax.set_xlabel("seconds")
+        p = self.save_figure(fig, name)
+        plt.close(fig)
+        return p
+
     def plot_accuracy(self, name: str = "accuracy.png") -> Path | None:
         """Accuracy per round from metrics.jsonl (global and mean client test accuracy)."""
         rows = [r for r in self._metrics if "round" in r and "accuracy" in r]

@@ -82,8 +82,21 @@ def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
             summary["privacy"] = strategy.privacy
         out.write_json("comm.json", {"totals": summary["comm"], "by_phase": run.ledger.as_dict()["by_phase"]})
         out.write_json("summary.json", summary)
+        write_run_figures(out, summary)
         log.info("summary written to %s", out.path("summary.json"))
     return summary
+
+
+def write_run_figures(out: RunDir, summary: Mapping[str, Any]) -> None:
+    """plots/phases.png (wall time per phase) and report.md: every run folder has both. A figure that
+    cannot be drawn is logged, never the reason a run fails."""
+    from fedapp.report import write_report
+
+    try:
+        out.plot_phases(summary.get("phase_seconds") or {})
+        write_report(out.root)
+    except Exception as err:  # noqa: BLE001 - the results themselves are already written
+        log.warning("could not write the run's figures: %s: %s", type(err).__name__, err)
 
 
 @app.main()

@@ -38,3 +38,19 @@ def test_result_files_are_readable_by_the_group(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "summary.json").stat().st_mode) == 0o644
+
+
+def test_every_run_folder_gets_plots_and_a_report(tmp_path):
+    """run_server writes plots/phases.png and report.md; the report quotes the summary's figures."""
+    from fedapp.report import render
+    from fedapp.simulation import simulate_in_process
+
+    s = simulate_in_process({"method": "fedavg", "dataset": "digits", "partitioner.name": "iid",
+                             "partitioner.per-class": 5, "num-server-rounds": 1, "local-epochs": 1,
+                             "min-clients": 2, "out-dir": str(tmp_path), "run-name": "r"}, 2)
+    run = tmp_path / "r"
+    assert (run / "plots" / "phases.png").read_bytes()[:4] == b"\x89PNG"
+    page = (run / "report.md").read_text()
+    assert page == render(run) and "status: **completed**" in page
+    assert f"{s['metrics']['accuracy']:.4g}" in page and "![plots/phases.png](plots/phases.png)" in page
+    assert "## Failures\n\nnone" in page
