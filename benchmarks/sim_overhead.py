@@ -1,10 +1,14 @@
 """What Flower's Ray simulation costs over a plain in-process loop doing the same FedAvg work.
 
-All three run the same client function (`clients.classify.local_train`) on the same shards with the
+All four run the same client function (`clients.classify.local_train`) on the same shards with the
 same sample-weighted average: a plain loop; `fedapp.simulation.simulate_in_process` (the whole
 server -- strategy, Flower's round loop, validation, metering, run folder -- with the clients served
-in this process); and `fedapp.simulate` (the same through Ray). Each is timed at two round counts;
-seconds per round is the slope and start-up the intercept, so both figures come from the same run.
+in this process); plain Flower (a minimal ClientApp/ServerApp in the shape of Flower's quickstart:
+Flower's FedAvg, a train and an evaluate round, the global test set evaluated after every round,
+through `flwr.simulation.run_simulation` with the same Ray settings); and `fedapp.simulate` (fedapp
+through Ray). Each is timed at two round counts; seconds per round is the slope and start-up the
+intercept, so both figures come from the same run. fedapp's own overhead is the last row over the
+plain-Flower row.
 
     python benchmarks/sim_overhead.py [--clients 4] [--rounds 1 4]
 """
@@ -50,6 +54,64 @@ def in_process(cfg, clients: int, rounds: int) -> float:
     return time.time() - t0
 
 
+def plain_flower(cfg, clients: int, rounds: int) -> float:
+    """The same FedAvg work as a minimal Flower app (the quickstart's shape), under run_simulation."""
+    from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+    from flwr.clientapp import ClientApp
+    from flwr.serverapp import Grid, ServerApp
+    from flwr.serverapp.strategy import FedAvg
+    from flwr.simulation import run_simulation
+
+    from fedapp.simulation import _keep_ray_on_loopback
+
+    client, server = ClientApp(), ServerApp()
+
+    def model_and_shard(msg: Message, context: Context):
+        pid, n = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
+        shard = load_client_shard(cfg.dataset, cfg.partitioner, cfg.partitioner_params, cfg.seed, pid, n)
+        model = build_classifier(cfg.model, shard.info.num_classes)
+        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
+        return model, shard, pid
+
+    @client.train()
+    def train(msg: Message, context: Context) -> Message:
+        model, shard, pid = model_and_shard(msg, context)
+        rnd = int(msg.content["config"]["server-round"])
+        local_train(model, shard.train.x, shard.train.y, epochs=cfg.local_epochs, lr=cfg.lr, batch=cfg.batch_size,
+                    seed=rnd * 1000 + pid)
+        return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()),
+                                   "metrics": MetricRecord({"num-examples": len(shard.train)})}), reply_to=msg)
+
+    @client.evaluate()
+    def evaluate_(msg: Message, context: Context) -> Message:
+        model, shard, _ = model_and_shard(msg, context)
+        loss, acc = evaluate(model, shard.test.x, shard.test.y)
+        return Message(RecordDict({"metrics": MetricRecord({"num-examples": len(shard.test), "loss": loss,
+                                                            "accuracy": acc})}), reply_to=msg)
+
+    @server.main()
+    def main_(grid: Grid, context: Context) -> None:
+        test = load_server_data(cfg.dataset, cfg.partitioner, cfg.partitioner_params, cfg.seed, clients).test
+        torch.manual_seed(cfg.seed)
+        model = build_classifier(cfg.model, 10)
+
+        def global_eval(_rnd: int, arrays: ArrayRecord) -> MetricRecord:
+            model.load_state_dict(arrays.to_torch_state_dict())
+            return MetricRecord({"accuracy": evaluate(model, test.x, test.y)[1]})
+
+        FedAvg(min_train_nodes=clients, min_evaluate_nodes=clients, min_available_nodes=clients).start(
+            grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=rounds, evaluate_fn=global_eval)
+
+    _keep_ray_on_loopback()
+    t0 = time.time()
+    with tempfile.TemporaryDirectory() as ray_tmp:
+        run_simulation(server_app=server, client_app=client, num_supernodes=clients, backend_config={
+            "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+            "init_args": {"_node_ip_address": "127.0.0.1", "_temp_dir": ray_tmp, "include_dashboard": False,
+                          "logging_level": "warning"}})
+    return time.time() - t0
+
+
 def simulated(run, flat: dict, clients: int, rounds: int) -> float:
     t0 = time.time()
     with tempfile.TemporaryDirectory() as out:
@@ -69,6 +131,7 @@ def main() -> None:
     rows = {}
     for name, fn in (("in-process loop", lambda r: in_process(cfg, args.clients, r)),
                      ("simulate_in_process", lambda r: simulated(simulate_in_process, flat, args.clients, r)),
+                     ("plain Flower (Ray)", lambda r: plain_flower(cfg, args.clients, r)),
                      ("fedapp.simulate (Ray)", lambda r: simulated(fedapp.simulate, flat, args.clients, r))):
         t1, t2 = fn(r1), fn(r2)
         per_round = (t2 - t1) / (r2 - r1)
@@ -78,6 +141,9 @@ def main() -> None:
     print(f"{'runner':<24}{'start-up s':>12}{'s / round':>12}{'start-up ×':>12}{'round ×':>10}")
     for name, (start, rnd) in rows.items():
         print(f"{name:<24}{start:>12.2f}{rnd:>12.2f}{start / max(base_start, 1e-3):>12.1f}{rnd / base_round:>10.2f}")
+    (p_start, p_round), (f_start, f_round) = rows["plain Flower (Ray)"], rows["fedapp.simulate (Ray)"]
+    print(f"\nfedapp over plain Flower: start-up {f_start / max(p_start, 1e-3):.2f}x, per round {f_round / p_round:.2f}x "
+          f"({f_round - p_round:+.2f} s/round)")
 
 
 if __name__ == "__main__":
