@@ -10,12 +10,13 @@ through Ray). Each is timed at two round counts; seconds per round is the slope 
 intercept, so both figures come from the same run. fedapp's own overhead is the last row over the
 plain-Flower row.
 
-    python benchmarks/sim_overhead.py [--clients 4] [--rounds 1 4]
+    python benchmarks/sim_overhead.py [--clients 4] [--rounds 1 4] [--repeats 1]
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import tempfile
 import time
 
@@ -123,6 +124,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--rounds", type=int, nargs=2, default=[1, 4])
+    ap.add_argument("--repeats", type=int, default=1, help="runs per round count; the median is used")
     args = ap.parse_args()
     flat = {"method": "fedavg", "dataset": "digits", "partitioner.name": "iid", "partitioner.per-class": 0,
             "min-clients": args.clients}
@@ -133,7 +135,8 @@ def main() -> None:
                      ("simulate_in_process", lambda r: simulated(simulate_in_process, flat, args.clients, r)),
                      ("plain Flower (Ray)", lambda r: plain_flower(cfg, args.clients, r)),
                      ("fedapp.simulate (Ray)", lambda r: simulated(fedapp.simulate, flat, args.clients, r))):
-        t1, t2 = fn(r1), fn(r2)
+        t1 = statistics.median(fn(r1) for _ in range(args.repeats))
+        t2 = statistics.median(fn(r2) for _ in range(args.repeats))
         per_round = (t2 - t1) / (r2 - r1)
         rows[name] = (t1 - r1 * per_round, per_round)
     base_start, base_round = rows["in-process loop"]
