@@ -17,8 +17,10 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -56,61 +58,33 @@ def in_process(cfg, clients: int, rounds: int) -> float:
 
 
 def plain_flower(cfg, clients: int, rounds: int) -> float:
-    """The same FedAvg work as a minimal Flower app (the quickstart's shape), under run_simulation."""
-    from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
-    from flwr.clientapp import ClientApp
-    from flwr.serverapp import Grid, ServerApp
-    from flwr.serverapp.strategy import FedAvg
+    """The same FedAvg work as a minimal Flower app (benchmarks/plain_flower_app.py) under run_simulation;
+    refuses to report a time unless the run trained (a failing client would make rounds look free)."""
+    import json
+    import os
+
     from flwr.simulation import run_simulation
 
     from fedapp.simulation import _keep_ray_on_loopback
 
-    client, server = ClientApp(), ServerApp()
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import plain_flower_app as app
 
-    def model_and_shard(msg: Message, context: Context):
-        pid, n = int(context.node_config["partition-id"]), int(context.node_config["num-partitions"])
-        shard = load_client_shard(cfg.dataset, cfg.partitioner, cfg.partitioner_params, cfg.seed, pid, n)
-        model = build_classifier(cfg.model, shard.info.num_classes)
-        model.load_state_dict(msg.content["arrays"].to_torch_state_dict())
-        return model, shard, pid
-
-    @client.train()
-    def train(msg: Message, context: Context) -> Message:
-        model, shard, pid = model_and_shard(msg, context)
-        rnd = int(msg.content["config"]["server-round"])
-        local_train(model, shard.train.x, shard.train.y, epochs=cfg.local_epochs, lr=cfg.lr, batch=cfg.batch_size,
-                    seed=rnd * 1000 + pid)
-        return Message(RecordDict({"arrays": ArrayRecord(model.state_dict()),
-                                   "metrics": MetricRecord({"num-examples": len(shard.train)})}), reply_to=msg)
-
-    @client.evaluate()
-    def evaluate_(msg: Message, context: Context) -> Message:
-        model, shard, _ = model_and_shard(msg, context)
-        loss, acc = evaluate(model, shard.test.x, shard.test.y)
-        return Message(RecordDict({"metrics": MetricRecord({"num-examples": len(shard.test), "loss": loss,
-                                                            "accuracy": acc})}), reply_to=msg)
-
-    @server.main()
-    def main_(grid: Grid, context: Context) -> None:
-        test = load_server_data(cfg.dataset, cfg.partitioner, cfg.partitioner_params, cfg.seed, clients).test
-        torch.manual_seed(cfg.seed)
-        model = build_classifier(cfg.model, 10)
-
-        def global_eval(_rnd: int, arrays: ArrayRecord) -> MetricRecord:
-            model.load_state_dict(arrays.to_torch_state_dict())
-            return MetricRecord({"accuracy": evaluate(model, test.x, test.y)[1]})
-
-        FedAvg(min_train_nodes=clients, min_evaluate_nodes=clients, min_available_nodes=clients).start(
-            grid=grid, initial_arrays=ArrayRecord(model.state_dict()), num_rounds=rounds, evaluate_fn=global_eval)
-
+    assert app.SETTINGS["epochs"] == cfg.local_epochs and app.SETTINGS["lr"] == cfg.lr, "plain app settings differ"
     _keep_ray_on_loopback()
-    t0 = time.time()
-    with tempfile.TemporaryDirectory() as ray_tmp:
-        run_simulation(server_app=server, client_app=client, num_supernodes=clients, backend_config={
+    with tempfile.TemporaryDirectory() as tmp:
+        os.environ[app.RESULT_ENV], os.environ["PLAIN_FLOWER_ROUNDS"] = f"{tmp}/result.json", str(rounds)
+        os.environ["PLAIN_FLOWER_CLIENTS"] = str(clients)
+        t0 = time.time()
+        run_simulation(server_app=app.server, client_app=app.client, num_supernodes=clients, backend_config={
             "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
-            "init_args": {"_node_ip_address": "127.0.0.1", "_temp_dir": ray_tmp, "include_dashboard": False,
+            "init_args": {"_node_ip_address": "127.0.0.1", "_temp_dir": tmp, "include_dashboard": False,
                           "logging_level": "warning"}})
-    return time.time() - t0
+        seconds = time.time() - t0
+        accuracy = json.loads(Path(f"{tmp}/result.json").read_text())["accuracy"]
+    if accuracy < 0.5:
+        raise RuntimeError(f"plain Flower run did not train (global accuracy {accuracy:.3f}); not timing it")
+    return seconds
 
 
 def simulated(run, flat: dict, clients: int, rounds: int) -> float:
