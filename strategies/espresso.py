@@ -180,12 +180,9 @@ class EspressoStrategy(OneShotStrategy):
         return torch.cat(xs), torch.cat(ys), torch.cat(who), evals
 
     def save_synthetic(self, x: torch.Tensor, y: torch.Tensor, who: torch.Tensor) -> None:
-        from safetensors.torch import save
+        from fedapp.server.checkpoint import save_tensors
 
-        from fedapp.results import atomic_write_bytes
-
-        data = save({"x": x.contiguous(), "y": y.contiguous(), "client": who.contiguous()})
-        atomic_write_bytes(self.run.out.path(P.SYNTHETIC_FILE), data)
+        save_tensors(self.run.out, P.SYNTHETIC_FILE, {"x": x, "y": y, "client": who})
 
     # ---- the protocol -------------------------------------------------------------------------------
     def execute(self, grid) -> dict[str, Any]:

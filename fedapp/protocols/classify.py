@@ -7,12 +7,11 @@
 
 from __future__ import annotations
 
-import math
 from typing import Any, Iterable, Mapping
 
 from flwr.app import Message, RecordDict
 
-from fedapp.protocols import (ACCURACY_KEY, ARRAYS_KEY, CLIENT_KEY, DOMAIN_KEY, EVAL_METRICS, EVALUATE, METRICS_KEY,
+from fedapp.protocols import (ACCURACY_KEY, ARRAYS_KEY, CLIENT_KEY, DOMAIN_KEY, EVALUATE, METRICS_KEY,
                               NUM_EXAMPLES_KEY, Phase)
 from fedapp.protocols.records import check_arrays, partition_of
 
@@ -30,37 +29,24 @@ def train_phase(*extra_metrics: str) -> Phase:
     """FedAvg's train exchange for a method whose clients report more train metrics."""
     return Phase(TRAIN.message_type, down=TRAIN.down, up=TRAIN.up, doc=TRAIN.doc,
                  metrics=TRAIN_METRICS + tuple(extra_metrics))
+
+
 RESUMABLE = True  # a round-based run continues from its last checkpoint (fedapp/server/checkpoint.py)
-
-
-def check_num_examples(content: RecordDict) -> str | None:
-    """The sample weight of a reply: a finite, positive whole number."""
-    n = content.metric_records[METRICS_KEY].get(NUM_EXAMPLES_KEY)
-    if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n) or n <= 0 or n != int(n):
-        return f"{NUM_EXAMPLES_KEY}={n!r}: must be a positive whole number"
-    return None
 
 
 def validate_train(content: RecordDict, expected: Mapping[str, tuple], max_bytes: float | None,
                    dtypes: Mapping[str, str] | None = None) -> str | None:
-    """The global model's exact keys, shapes and (with `dtypes`) dtypes, finite, within the size cap;
-    a sane weight."""
-    return (check_arrays(content.array_records.get(ARRAYS_KEY), expected, max_bytes, dtypes)
-            or check_num_examples(content))
+    """The global model's exact keys, shapes and (with `dtypes`) dtypes, finite, within the size cap.
+    (num-examples and the metric keys are the gate's: fedapp.server.validation checks them first.)"""
+    return check_arrays(content.array_records.get(ARRAYS_KEY), expected, max_bytes, dtypes)
 
 
 def validate_evaluate(content: RecordDict) -> str | None:
-    """num-examples as in train; loss finite; accuracy in [0, 1]."""
-    why = check_num_examples(content)
-    if why is not None:
-        return why
-    m = content.metric_records[METRICS_KEY]
-    for key in EVAL_METRICS:
-        v = m.get(key)
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v):
-            return f"{key}={v!r}: must be a finite number"
-    if not 0.0 <= m[ACCURACY_KEY] <= 1.0:
-        return f"{ACCURACY_KEY}={m[ACCURACY_KEY]!r}: must be in [0, 1]"
+    """Accuracy in [0, 1]. (The gate has already checked the exact metric keys, that each is a finite
+    number, and num-examples against the client's test split.)"""
+    acc = content.metric_records[METRICS_KEY][ACCURACY_KEY]
+    if not 0.0 <= acc <= 1.0:
+        return f"{ACCURACY_KEY}={acc!r}: must be in [0, 1]"
     return None
 
 

@@ -23,23 +23,24 @@ class Checkpoint:
     state: dict[str, torch.Tensor]  # the global model after it
 
 
-def _bytes(state: dict[str, torch.Tensor]) -> bytes:
+def save_tensors(out: RunDir, name: str, tensors: dict[str, torch.Tensor]) -> Path:
+    """A safetensors file in the run folder, written atomically (CPU, contiguous copies)."""
     from safetensors.torch import save
 
-    return save({k: v.detach().cpu().contiguous() for k, v in state.items()})
+    path = out.path(name)
+    atomic_write_bytes(path, save({k: v.detach().cpu().contiguous() for k, v in tensors.items()}))
+    return path
 
 
 def save_checkpoint(out: RunDir, server_round: int, state: dict[str, torch.Tensor]) -> None:
     """Weights first, then the round that names them: a crash between the two leaves the previous
     round's meta pointing at newer weights only if both were written, never at half a file."""
-    atomic_write_bytes(out.path(CHECKPOINT), _bytes(state))
+    save_tensors(out, CHECKPOINT, state)
     out.write_json(CHECKPOINT_META, {"round": int(server_round)})
 
 
 def save_model(out: RunDir, state: dict[str, torch.Tensor]) -> Path:
-    path = out.path(FINAL_MODEL)
-    atomic_write_bytes(path, _bytes(state))
-    return path
+    return save_tensors(out, FINAL_MODEL, state)
 
 
 def load_checkpoint(folder: str | Path) -> Checkpoint:
