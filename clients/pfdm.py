@@ -3,7 +3,8 @@ local-DP upload, and two-stage sampling.
 
   private denoiser z_theta_m: a class-conditional DDPM on D_m, trained on unclipped (flag 0) and
       CLIP(x, C) (flag 1) copies of every image: the shared model only ever saw clipped data, so the
-      flag lets sampling steer back to unclipped images (the paper's auxiliary condition)
+      flag lets sampling steer back to unclipped images (the paper's auxiliary condition); levels
+      (0, t0] only unless pfdm.private-levels = all (PFDM never samples it above t0)
   upload D~_m: x~ = sqrt(abar_t0) CLIP(x, C) + sqrt(1 - abar_t0) z, with the labels (fedapp.privacy)
   sampling: shared z_w from T down to t0, then z_theta_m from t0 to 0 with the unclipped flag
 
@@ -32,13 +33,23 @@ def private_training_set(x: torch.Tensor, y: torch.Tensor, clip: float):
     return xs, torch.cat([y, y]), flags
 
 
-def train_private_denoiser(x: torch.Tensor, y: torch.Tensor, o, image_size: int, num_classes: int,
-                           seed: int, device: str = "cpu") -> DDPM:
-    """z_theta_m over every level (0, T], on clipped and unclipped data with the flag."""
+def private_levels(mode: str, t0: int, T: int) -> tuple[int, int]:
+    """(lo, hi]: the levels the private denoiser trains on. below-t0: (0, t0], the only ones Algorithm 2
+    samples it on; all: (0, T], which it also needs to sample alone from noise."""
+    if mode not in P.PRIVATE_LEVELS:
+        raise ValueError(f"pfdm.private-levels={mode!r}: must be one of {', '.join(P.PRIVATE_LEVELS)}")
+    return (0, t0) if mode == "below-t0" else (0, T)
+
+
+def train_private_denoiser(x: torch.Tensor, y: torch.Tensor, o, image_size: int, num_classes: int, t0: int,
+                           seed: int, device: str = "cpu", levels: str | None = None) -> DDPM:
+    """z_theta_m on clipped and unclipped data with the flag, over private_levels(levels or
+    pfdm.private-levels, t0)."""
     torch.manual_seed(seed)
     model = build_ddpm(image_size, num_classes, flag=True, channels=o.channels)
     xs, ys, flags = private_training_set(x, y, o.clip)
-    train_ddpm(model, xs, ys, flags, steps=o.local_steps, batch=o.batch, lr=o.lr, seed=seed, device=device)
+    train_ddpm(model, xs, ys, flags, steps=o.local_steps, batch=o.batch, lr=o.lr, seed=seed,
+               t_range=private_levels(levels or o.private_levels, t0, model.T), device=device)
     return model.cpu()
 
 
@@ -77,23 +88,33 @@ def private_only_sample(private: DDPM, y: torch.Tensor, steps: int, seed: int) -
 
 
 # ---- Flower handlers ---------------------------------------------------------------------------------
-def _private_model(ctx: ClientContext) -> DDPM:
+def _train_private(ctx: ClientContext, t0: int, levels: str | None = None) -> DDPM:
+    o, shard = ctx.cfg.options, ctx.shard
+    return train_private_denoiser(shard.train.x, shard.train.y, o, ctx.cfg.image_size, shard.info.num_classes,
+                                  t0, ctx.seed_for(1), ctx.device, levels)
+
+
+def _private_model(ctx: ClientContext, t0: int) -> DDPM:
     """The private denoiser from Context.state; retrained (same seed, same weights) if the node restarted."""
     o, shard = ctx.cfg.options, ctx.shard
     if ctx.state is not None and P.STATE_PRIVATE in ctx.state.array_records:
         model = build_ddpm(ctx.cfg.image_size, shard.info.num_classes, flag=True, channels=o.channels)
         model.load_state_dict(ctx.state.array_records[P.STATE_PRIVATE].to_torch_state_dict())
         return model.eval()
-    return train_private_denoiser(shard.train.x, shard.train.y, o, ctx.cfg.image_size, shard.info.num_classes,
-                                  ctx.seed_for(1), ctx.device)
+    return _train_private(ctx, t0)
+
+
+def _reference_model(ctx: ClientContext, private: DDPM, t0: int) -> DDPM:
+    """The non-collaborative reference, sampled alone T -> 0: the private model itself when it learnt every
+    level; else the same trainer, data, budget and seed over all levels (evaluation only, never uploaded)."""
+    return private if ctx.cfg.options.private_levels == "all" else _train_private(ctx, t0, levels="all")
 
 
 def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
     """Phase 1: train z_theta_m (kept in Context.state), upload D~_m."""
     o, shard = ctx.cfg.options, ctx.shard
     t0 = resolve_t0(o.t0, o.epsilon, o.clip, o.delta, o.accountant)
-    model = train_private_denoiser(shard.train.x, shard.train.y, o, ctx.cfg.image_size, shard.info.num_classes,
-                                   ctx.seed_for(1), ctx.device)
+    model = _train_private(ctx, t0)
     if ctx.state is not None:
         ctx.state[P.STATE_PRIVATE] = ArrayRecord(model.state_dict())
     x_up, y_up = make_upload(shard.train.x, shard.train.y, o.clip, t0)
@@ -108,10 +129,10 @@ def handle_sample(msg: Message, ctx: ClientContext) -> RecordDict:
     t0 = resolve_t0(o.t0, o.epsilon, o.clip, o.delta, o.accountant)
     shared = build_ddpm(ctx.cfg.image_size, shard.info.num_classes, flag=False, channels=o.channels)
     shared.load_state_dict(msg.content.array_records[P.SHARED_KEY].to_torch_state_dict())
-    private = _private_model(ctx)
+    private = _private_model(ctx, t0)
     y = balanced_labels(o.samples, shard.info.num_classes)
     x = personalised_sample(shared.eval(), private, y, t0, o.sample_steps, ctx.seed_for(3))
-    x_alone = private_only_sample(private, y, o.sample_steps, ctx.seed_for(3))
+    x_alone = private_only_sample(_reference_model(ctx, private, t0), y, o.sample_steps, ctx.seed_for(3))
     return RecordDict({P.SAMPLES_KEY: ArrayRecord({P.X: x, P.Y: y, P.PRIVATE_ONLY: x_alone})})
 
 

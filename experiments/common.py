@@ -70,3 +70,8 @@ def run(flat: dict[str, Any], num_clients: int, backend: str, reply_cache: Any =
     from fedapp.simulation import simulate_in_process
 
     return simulate_in_process(flat, num_clients, reply_cache=reply_cache)
+
+
+def kid_cell(row: dict[str, Any], key: str) -> str:
+    """A table cell "KID ± std over subsets" (fedapp.metrics.kernel_distance); n/a for rows measured before KID."""
+    return f"{row[key]:.3f}±{row[key + '_std']:.3f}" if key in row else "n/a"

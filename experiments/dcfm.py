@@ -17,7 +17,7 @@ import shutil
 import time
 from pathlib import Path
 
-from experiments.common import BACKENDS, check_configs, prog, run
+from experiments.common import BACKENDS, check_configs, kid_cell, prog, run
 from fedapp.results import atomic_write_json
 
 ROWS = [("fedflow", {}), ("ddm", {}), ("local-only-flow", {}),
@@ -46,7 +46,8 @@ def run_one(name: str, extra: dict, split: str, clients: int, settings: dict, ou
     t0 = time.time()
     s = run(config(name, extra, split, clients, settings, out_dir), clients, backend)
     m = s["metrics"]
-    keys = ("seen_distance", "novel_distance", "seen_composition_accuracy", "novel_composition_accuracy",
+    keys = ("seen_distance", "novel_distance", "seen_kid", "seen_kid_std", "novel_kid", "novel_kid_std",
+            "seen_composition_accuracy", "novel_composition_accuracy",
             "seen_digit_accuracy", "novel_digit_accuracy", "seen_color_accuracy", "novel_color_accuracy",
             "model_transfers_per_client")
     return {"method": name, "split": split, **{k: m[k] for k in keys}, "seconds": round(time.time() - t0, 1),
@@ -76,11 +77,12 @@ def transfers_from_run(run_dir: str) -> float:
 
 
 def table(rows: list[dict]) -> str:
-    head = (f"{'method':<16}{'split':<9}{'FD seen':>9}{'FD novel':>10}{'acc seen':>10}{'acc novel':>10}"
-            f"{'transfers':>11}")
+    head = (f"{'method':<16}{'split':<9}{'FD seen':>9}{'FD novel':>10}{'KID seen':>16}{'KID novel':>16}"
+            f"{'acc seen':>10}{'acc novel':>10}{'transfers':>11}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r['method']:<16}{r['split']:<9}{r['seen_distance']:>9.2f}{r['novel_distance']:>10.2f}"
+                     f"{kid_cell(r, 'seen_kid'):>16}{kid_cell(r, 'novel_kid'):>16}"
                      f"{r['seen_composition_accuracy']:>10.3f}{r['novel_composition_accuracy']:>10.3f}"
                      f"{r['model_transfers_per_client']:>11.2f}")
     return "\n".join(lines)

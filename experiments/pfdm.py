@@ -1,7 +1,7 @@
 """`python -m experiments pfdm`: PFDM against its baselines on colored-digits (minority partitioner).
 
-Prints client 0's majority/minority/mean Frechet distance (reference-classifier features, not Inception
-FID) for centralized-ddpm, fedavg-ddpm, local-only and pfdm, and the attack figures; writes
+Prints client 0's majority/minority/mean Frechet distance and KID (reference-classifier features, not
+Inception) for centralized-ddpm, fedavg-ddpm, local-only and pfdm, and the attack figures; writes
 <out>/pfdm.json, per-client sample grids under <out>/pfdm_grids/, and <out>/pfdm_scaling.png: client 0's
 minority distance of the private model alone (non-collaborative) minus PFDM's, as the number of clients
 grows (total data fixed: the pool is split over more clients). Results are written after every run.
@@ -16,7 +16,7 @@ import shutil
 import time
 from pathlib import Path
 
-from experiments.common import BACKENDS, check_configs, prog, run
+from experiments.common import BACKENDS, check_configs, kid_cell, prog, run
 from fedapp.results import atomic_write_json
 
 TABLE_METHODS = ("centralized-ddpm", "fedavg-ddpm", "local-only", "pfdm")
@@ -25,7 +25,9 @@ PAPER = {  # C-MNIST, client 0, FID (majority / minority / mean) and MIA on the 
     "local-only": (2.19, 5.99, 4.09), "pfdm": (1.72, 4.79, 3.26),
     "pfdm_mia": {"auc": 49.70, "asr": 50.10, "tpr_at_1fpr": 1.07},
 }
-KEEP = ("majority_distance", "minority_distance", "mean_distance", "sample_accuracy", "mia_auc",
+KID_KEYS = tuple(f"{p}{g}_{k}" for p in ("", "private_only_") for g in ("majority", "minority")
+                 for k in ("kid", "kid_std")) + ("mean_kid", "private_only_mean_kid")
+KEEP = KID_KEYS + ("majority_distance", "minority_distance", "mean_distance", "sample_accuracy", "mia_auc",
         "mia_attack_accuracy", "mia_tpr_at_1fpr", "shared_memorised_fraction", "shared_nn_distance",
         "recon_true_distance", "recon_random_distance", "recon_closer_than_random", "recon_identified",
         "recon_identified_chance", "private_only_majority_distance", "private_only_minority_distance",
@@ -64,17 +66,19 @@ def fmt(v, pct=False) -> str:
 
 
 def print_table(rows: list[dict]) -> str:
-    lines = ["| method | majority | minority | mean | sample acc | MIA AUC % | MIA acc % | TPR@1%FPR % | memorised | paper FID (maj/min/mean) |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+    lines = ["| method | majority | minority | mean | KID majority | KID minority | sample acc | MIA AUC % | MIA acc % | TPR@1%FPR % | memorised | paper FID (maj/min/mean) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = PAPER.get(r["method"])
         lines.append(f"| {r['method']} (N={r['clients']}) | {fmt(r['majority_distance'])} | {fmt(r['minority_distance'])} | "
-                     f"{fmt(r['mean_distance'])} | {fmt(r.get('sample_accuracy'), True)} | {fmt(r.get('mia_auc'), True)} | "
+                     f"{fmt(r['mean_distance'])} | {kid_cell(r, 'majority_kid')} | {kid_cell(r, 'minority_kid')} | "
+                     f"{fmt(r.get('sample_accuracy'), True)} | {fmt(r.get('mia_auc'), True)} | "
                      f"{fmt(r.get('mia_attack_accuracy'), True)} | {fmt(r.get('mia_tpr_at_1fpr'), True)} | "
                      f"{fmt(r.get('shared_memorised_fraction'))} | {'/'.join(map(str, p)) if p else ''} |")
         if r["method"] == "pfdm":
             lines.append(f"| pfdm: private model alone (N={r['clients']}) | {fmt(r['private_only_majority_distance'])} | "
                          f"{fmt(r['private_only_minority_distance'])} | {fmt(r['private_only_mean_distance'])} | "
+                         f"{kid_cell(r, 'private_only_majority_kid')} | {kid_cell(r, 'private_only_minority_kid')} | "
                          f"{fmt(r.get('private_only_sample_accuracy'), True)} | | | | | |")
     text = "\n".join(lines)
     print(text)

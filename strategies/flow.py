@@ -112,7 +112,7 @@ class FlowEvaluation:
         return x, y
 
     def evaluate(self, sampler: Sampler, parts: int = 1) -> dict[str, Any]:
-        from fedapp.metrics import composition_accuracy, frechet_distance
+        from fedapp.metrics import composition_accuracy, feature_distances
         from fedapp.models.classifier import embed_all, predict
 
         with timed(self.run, "evaluation"):
@@ -132,10 +132,10 @@ class FlowEvaluation:
                 out[f"{kind}_color_accuracy"] = float((pred[1] == y[:, 1]).float().mean())
                 pair_set = {tuple(p) for p in pairs}
                 real = torch.tensor([tuple(r) in pair_set for r in ty.tolist()])
-                # Frechet distance on the concatenated digit + colour reference features (not Inception)
+                # Frechet distance and KID on the concatenated digit + colour reference features (not Inception)
                 fr = torch.cat([embed_all(ref[a], test.x[real].float()) for a in P.ATTRS], 1).numpy()
                 fg = torch.cat([embed_all(ref[a], x) for a in P.ATTRS], 1).numpy()
-                out[f"{kind}_distance"] = frechet_distance(fg, fr)
+                out.update(feature_distances(kind, fg, fr, seed=self.run.cfg.seed))
             # digit x colour grid, one sample per cell; novel cells framed in white
             save_pair_grid(samples, self.task.sizes, server.meta["novel_pairs"],
                            self.run.out.path("images", "grid.png"))

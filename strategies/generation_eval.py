@@ -2,7 +2,7 @@
 server, so that every row of the PFDM table is measured the same way.
 
 - GenerationEval: a reference classifier (SmallCNN on the server's real public split) embeds real test
-  images and samples; Frechet distance per class group (majority / minority), NOT Inception FID; sample
+  images and samples; Frechet distance and KID per class group (majority / minority), NOT Inception; sample
   grids; the loss-threshold membership-inference attack on a model trained on clean data.
 - loss_scores, unit, memorisation: the attack scores the strategies also apply to what they hold.
 - sample_model: class-balanced samples of a model released as a whole (no private half).
@@ -61,7 +61,7 @@ def sample_model(model: DDPM, n: int, num_classes: int, steps: int, seed: int):
 
 class GenerationEval:
     """Scores generated samples for one run: a reference classifier (SmallCNN on the server's real public
-    split) embeds real test images and samples; Frechet distance per class group (NOT Inception FID)."""
+    split) embeds real test images and samples; Frechet distance and KID per class group (NOT Inception)."""
 
     def __init__(self, run, num_partitions: int):
         from fedapp.models.classifier import SmallCNN, accuracy, train_classifier
@@ -84,9 +84,10 @@ class GenerationEval:
         return torch.cat([self.ref.embed(x[i:i + 512]) for i in range(0, len(x), 512)]).numpy()
 
     def distances(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-        """majority/minority Frechet distance to the real test images of those classes; mean = their average
-        (as the paper's tables); sample_accuracy = share the reference classifier labels as requested."""
-        from fedapp.metrics import frechet_distance
+        """majority/minority Frechet distance and KID (± its std over subsets) to the real test images of those
+        classes; mean = their average (as the paper's tables); sample_accuracy = share the reference classifier
+        labels as requested."""
+        from fedapp.metrics import feature_distances
         from fedapp.models.classifier import accuracy
 
         out = {}
@@ -95,9 +96,9 @@ class GenerationEval:
                 continue
             real = self.server.test.x[torch.isin(self.server.test.y, torch.tensor(classes))]
             gen = x[torch.isin(y, torch.tensor(classes))]
-            out[f"{name}_distance"] = frechet_distance(self.features(gen), self.features(real))
-        present = [out[k] for k in ("majority_distance", "minority_distance") if k in out]
-        out["mean_distance"] = float(np.mean(present))
+            out.update(feature_distances(name, self.features(gen), self.features(real), seed=self.run.cfg.seed))
+        for metric in ("distance", "kid"):
+            out[f"mean_{metric}"] = float(np.mean([out[f"{g}_{metric}"] for g in self.groups if f"{g}_{metric}" in out]))
         out["sample_accuracy"] = accuracy(self.ref, x, y)
         return out
 

@@ -109,7 +109,8 @@ def _sim(tmp_path, method, **kw):
 def _check_summary(s):
     assert s["status"] == "completed" and s["failures"] == []
     m = s["metrics"]
-    for k in ("seen_composition_accuracy", "novel_composition_accuracy", "seen_distance", "novel_distance"):
+    for k in ("seen_composition_accuracy", "novel_composition_accuracy", "seen_distance", "novel_distance",
+              "seen_kid", "seen_kid_std", "novel_kid", "novel_kid_std"):
         assert k in m and m[k] == m[k], k  # present and not NaN
     return m
 

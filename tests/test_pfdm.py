@@ -149,7 +149,8 @@ def test_pfdm_simulation_uploads_are_private_and_the_private_model_stays_home(tm
     assert p["t0"] == 693 and p["clip"] == 10.0 and p["delta"] == 1e-5 and p["epsilon"] <= 10.0
     m = s["metrics"]
     for key in ("majority_distance", "minority_distance", "mean_distance", "mia_auc", "mia_tpr_at_1fpr",
-                "shared_memorised_fraction", "recon_closer_than_random"):
+                "shared_memorised_fraction", "recon_closer_than_random", "minority_kid", "minority_kid_std",
+                "private_only_minority_kid", "mean_kid"):
         assert m[key] is not None and math.isfinite(m[key]), key
     assert set(m["per_client"]) == {"0", "1"}
 
@@ -272,3 +273,31 @@ def test_two_runs_with_one_seed_differ_in_the_upload_noise_and_nothing_else(tmp_
         assert np.array_equal(up_a[P.Y].numpy(), up_b[P.Y].numpy())
         s_a, s_b = (r[("query.sample", pid)].array_records[P.SAMPLES_KEY] for r in (a, b))
         assert np.array_equal(s_a[P.PRIVATE_ONLY].numpy(), s_b[P.PRIVATE_ONLY].numpy())
+
+
+@pytest.mark.parametrize("mode", ["below-t0", "all"])
+def test_private_denoiser_trains_only_on_the_levels_pfdm_samples_it_on(monkeypatch, mode):
+    from clients.pfdm import private_levels, train_private_denoiser
+    from fedapp.models.ddpm import DDPM
+    from fedapp.protocols.pfdm import PFDMOptions
+
+    t0 = 693
+    seen = []
+    eps = DDPM.eps
+
+    def recording_eps(self, x_t, t, *args, **kwargs):  # every level the network is trained on
+        seen.append(torch.as_tensor(t).flatten())
+        return eps(self, x_t, t, *args, **kwargs)
+
+    monkeypatch.setattr(DDPM, "eps", recording_eps)
+    o = PFDMOptions(local_steps=20, batch=64, channels="8,16", private_levels=mode)
+    x, y = torch.rand(32, 3, 8, 8) * 2 - 1, torch.arange(32) % 4
+    train_private_denoiser(x, y, o, 8, 4, t0, seed=0)
+    t = torch.cat(seen)
+    assert len(t) == 20 * 64 and t.min() >= 1
+    if mode == "below-t0":
+        assert t.max() <= t0 and private_levels(mode, t0, 1000) == (0, t0)
+    else:  # (0, T]: 1280 uniform draws, P(none above t0) = 0.693^1280
+        assert t.max() > t0 and private_levels(mode, t0, 1000) == (0, 1000)
+    with pytest.raises(ValueError, match="below-t0, all"):
+        private_levels("below_t0", t0, 1000)

@@ -34,6 +34,7 @@ STATE_PRIVATE = "pfdm.private"  # node state, never sent: the private denoiser's
 # Arrays inside UPLOAD_KEY and SAMPLES_KEY
 X, Y = "x", "y"  # images (N, C, H, W) and their integer class labels (N,)
 PRIVATE_ONLY = "private_only"  # SAMPLES_KEY of pfdm: the private denoiser's own samples T -> 0, for the same Y
+PRIVATE_LEVELS = ("below-t0", "all")  # pfdm.private-levels: (0, t0] or (0, T]
 
 def within_shard(content: RecordDict, facts: ShardFacts) -> str | None:
     """One released image per training image of the shard: labels per class at most the shard's,
@@ -69,6 +70,11 @@ class PFDMOptions:
                           help="epsilon of a release: the paper's closed-form bound, or a tight RDP / PLD "
                                "accountant (dp-accounting); picks t0 when pfdm.t0 = 0")
     local_steps: int = opt(300, low=1, help="steps of each client's denoiser (private / local-only; fedavg-ddpm: in total over rounds)")
+    private_levels: str = opt("below-t0", choices=PRIVATE_LEVELS,
+                              help="levels the private denoiser trains on: below-t0 = (0, t0], the only ones "
+                                   "PFDM samples it on (Algorithm 2), so the whole budget goes there; all = (0, T] "
+                                   "(the tables measured before this option). The private-only reference is "
+                                   "always a private model trained on all levels")
     shared_steps: int = opt(300, low=1, help="steps of the server's shared denoiser (centralized-ddpm: its model)")
     batch: int = opt(64, low=1)
     lr: float = opt(2e-3, low=0.0, low_open=True, help="Adam learning rate of every denoiser")

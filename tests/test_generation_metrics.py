@@ -1,0 +1,63 @@
+"""The generation tables' distances on reference-classifier features: the hand-written Frechet distance
+against torchmetrics' formula, KID (torchmetrics) at the small n of a minority class, and the keys every
+generation evaluation reports."""
+
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+
+from fedapp.metrics import feature_distances, frechet_distance, kernel_distance
+
+
+def gaussian_features(n: int, d: int, shift: float = 0.0, scale: float = 1.0, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).normal(size=(n, d)) * scale + shift
+
+
+@pytest.mark.parametrize("n, d", [(300, 16), (40, 64)])  # (40, 64): a minority class's rank-deficient covariance
+def test_frechet_distance_equals_torchmetrics_fid_formula(n, d):
+    from torchmetrics.image.fid import _compute_fid
+
+    a, b = gaussian_features(n, d, seed=1), gaussian_features(n, d, shift=0.2, scale=1.3, seed=2)
+
+    def fit(f):
+        return torch.tensor(f.mean(0)), torch.tensor(np.cov(f, rowvar=False))
+
+    want = float(_compute_fid(*fit(b), *fit(a)))
+    assert want > 1.0
+    assert frechet_distance(b, a) == pytest.approx(want, rel=1e-3)
+
+
+def test_kid_is_about_zero_within_a_distribution_and_positive_across_a_shift():
+    real = gaussian_features(400, 64, seed=1)
+    same = gaussian_features(40, 64, seed=2)            # ~40 samples, as a minority class gives
+    shifted = gaussian_features(40, 64, shift=0.5, seed=3)
+    kid_same, std_same = kernel_distance(same, real)
+    kid_shift, std_shift = kernel_distance(shifted, real)
+    assert kid_shift > 0.1 and kid_shift > 5 * std_shift
+    assert abs(kid_same) < 0.05 * kid_shift
+    assert std_same > 0 and std_shift > 0
+    assert kernel_distance(same, real, seed=5) == kernel_distance(same, real, seed=5)  # subsets are seeded
+    with pytest.raises(ValueError):
+        kernel_distance(same[:1], real)
+
+
+def test_generation_eval_reports_kid_and_its_std_beside_the_frechet_distance():
+    from fedapp.models.classifier import SmallCNN
+    from strategies.generation_eval import GenerationEval
+
+    torch.manual_seed(0)
+    ev = GenerationEval.__new__(GenerationEval)  # the scoring alone, without training a reference classifier
+    ev.run = SimpleNamespace(cfg=SimpleNamespace(seed=0))
+    ev.ref = SmallCNN(4, width=16).eval()
+    ev.groups = {"majority": [0, 1, 2], "minority": [3]}
+    ev.server = SimpleNamespace(test=SimpleNamespace(x=torch.rand(80, 3, 8, 8) * 2 - 1, y=torch.arange(80) % 4))
+    x, y = torch.rand(40, 3, 8, 8) * 2 - 1, torch.arange(40) % 4
+    out = ev.distances(x, y)
+    for g in ("majority", "minority"):
+        for key in (f"{g}_distance", f"{g}_kid", f"{g}_kid_std"):
+            assert np.isfinite(out[key]), key
+    assert out["mean_kid"] == pytest.approx((out["majority_kid"] + out["minority_kid"]) / 2)
+    feats = ev.features(x[y == 3]), ev.features(ev.server.test.x[ev.server.test.y == 3])
+    assert out["minority_kid"] == feature_distances("m", *feats)["m_kid"]
