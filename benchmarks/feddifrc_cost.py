@@ -52,7 +52,7 @@ def main() -> None:
 
     torch.manual_seed(0)
     plain = build_classifier(cfg.model, 10)
-    proj = build_classifier(cfg.model, 10, proj_dim=o.projection_dim)
+    proj = fd.build_model(cfg, 10)  # FedDifRC's model: z is the embedding (or a head, feddifrc.feature-on)
     proj_moon = build_classifier(cfg.model, 10, proj_dim=128)
     prev_moon = copy.deepcopy(proj_moon).eval().requires_grad_(False)
 
@@ -60,9 +60,9 @@ def main() -> None:
         t = targets[i]
         return {
             "FedAvg": (plain, None),
-            "+TDCL only": (proj, fd.FedDifRCLoss(t, o.lambda_tdcl, 0.0, o.tau)),
-            "+NDCR only": (proj, fd.FedDifRCLoss(t, 0.0, o.lambda_ndcr, o.tau)),
-            "FedDifRC": (proj, fd.FedDifRCLoss(t, o.lambda_tdcl, o.lambda_ndcr, o.tau)),
+            "+TDCL only": (proj, fd.FedDifRCLoss(t, o.lambda_tdcl, 0.0, o.tau, o.ndcr_form)),
+            "+NDCR only": (proj, fd.FedDifRCLoss(t, 0.0, o.lambda_ndcr, o.tau, o.ndcr_form)),
+            "FedDifRC": (proj, fd.FedDifRCLoss(t, o.lambda_tdcl, o.lambda_ndcr, o.tau, o.ndcr_form)),
             "MOON": (proj_moon, mn.MoonLoss(copy.deepcopy(proj_moon).eval().requires_grad_(False), prev_moon, 1.0, 0.5)),
         }
 

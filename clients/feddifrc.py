@@ -1,19 +1,14 @@
 """FedDifRC client (Wang et al., ICCV 2025): FedAvg local training with two diffusion regularisers.
 
-Per client, once (the prior is frozen and the noise seeded, so the result never changes):
-  1. DIFT-style decoder features (fedapp.models.features): x_i noised to timestep t with a seeded eps,
-     one UNet pass per prompt, the chosen up-blocks' outputs global-average-pooled.
-  2. Conditional diffusion representations F~_{i,p}: the features of x_i under prompt P_p, one PCA
-     per up-block fitted on this client's own rows only, the blocks concatenated (paper: layers 2-4,
-     256/128/128 dims on SD). Each block's PCA output is divided by its RMS norm (over the client's
-     rows) so that blocks weigh alike and the L2 target has a fixed scale whatever the prior.
-  3. Denoising representation H~_i: the same for a generic prompt (NDCR's stable target).
-Then every local step adds, on the projection z_i = g(embedding(x_i)) of the model,
+Per client, once (the prior is frozen and the noise seeded, so the result never changes): the targets
+of clients/feddifrc_targets.py, F~_{i,p} under each TDCL prompt P_p and H~_i under NDCR's prompt. Then
+every local step adds, on z_i (the model's embedding, or a projection head on it: feddifrc.feature-on),
 
   TDCL  L_TDCL = log(1 + sum_{j≠pos} exp(s(z_i, F~_{i,j})/tau) / exp(s(z_i, F~_{i,pos})/tau))
                = cross-entropy of the prompt logits s(z_i, F~_{i,·})/tau with target pos,
         s the cosine similarity; pos = the sample's own class prompt, negatives the other classes'.
-  NDCR  L_NDCR = sum_{q=1..d} (z_{i(q)} - H~_{i(q)})^2, averaged over the batch.
+  NDCR  L_NDCR = sum_{q=1..d} (z_{i(q)} - H~_{i(q)})^2, batch mean (feddifrc.ndcr-form: on unit-normalised
+        vectors by default, as the official code normalises both; raw; or the official code's KL form).
 
 Self-supervised variant (feddifrc.labels = false): the positive prompt is "a photo of a similar
 object", the negatives are all class prompts (the label is unknown, so none can be excluded), and
@@ -26,31 +21,27 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any
 
-import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
+from clients import feddifrc_targets as T
 from clients.classify import evaluate_reply, local_train, round_of, train_reply
 from fedapp.client_context import ClientContext
-from fedapp.models.classifier import build_classifier
-from fedapp.models.text import class_prompts
+from fedapp.progress import track
 from fedapp.protocols import ARRAYS_KEY, EVALUATE
-from fedapp.seeds import derive_seed
 from fedapp.protocols.feddifrc import (CACHE_BYTES, FEATURE_SECONDS, STATE_TARGETS, STATE_TARGETS_ID, TRAIN,
-                                      num_up_blocks)
+                                      build_model, target_dims)
+from fedapp.seeds import derive_seed
 
-SIMILAR_PROMPT = "a photo of a similar object"  # self-supervised TDCL positive
-VISUAL_PROMPT = "a photo of a visual object"  # self-supervised NDCR prompt
-GENERIC_PROMPT = ""  # NDCR prompt with labels: the unconditional branch
-_CACHE: dict[str, "DiffusionTargets"] = {}  # process memory: cache key -> representations
-# Opt-in (the table command turns it on): raw features per (prompt, base-table row), shared by
-# every client and split this process serves. Off, each client computes only its own rows.
-SHARE_RAW_FEATURES = False
-_RAW: dict[str, dict] = {}  # extractor key -> {(prompt, base row): pooled blocks}
+_CACHE: dict[str, "DiffusionTargets"] = {}  # process memory: cache key -> targets
+# Opt-in (the table command turns it on): with a shared basis (pca-fit = public) a sample's target does
+# not depend on its client, so targets are kept per (prompt, base-table row) and shared by every client,
+# split and method this process serves. Off, each client computes only its own rows.
+SHARE_TARGETS = False
+_SHARED: dict[str, dict] = {}  # extractor + basis key -> {"basis": TargetBasis, (prompt, row): (D,)}
 
 
 @dataclass
@@ -60,76 +51,19 @@ class DiffusionTargets:
     F: torch.Tensor  # (N, P, D) conditional diffusion representations F~_{i,p} (TDCL)
     pos: torch.Tensor  # (N,) index of the positive prompt of each sample
     H: torch.Tensor  # (N, D) denoising diffusion representation H~_i (NDCR)
-    pcas: list | None = None  # the fitted per-block PCAs (kept for inspection, not in Context.state)
+    basis: T.TargetBasis  # the per-block PCA basis and scales they were reduced with
 
     @property
     def nbytes(self) -> int:
         return sum(t.element_size() * t.nelement() for t in (self.F, self.pos, self.H))
 
+    def to_arrays(self) -> dict[str, torch.Tensor]:
+        return {"F": self.F, "pos": self.pos, "H": self.H, **{f"basis.{k}": v for k, v in self.basis.to_arrays().items()}}
 
-# ---- prompts and features ------------------------------------------------------------------------
-def prompts_for(dataset: str, class_names: list[str], labels: bool) -> tuple[list[str], str]:
-    """(the TDCL prompts P_0..P_{P-1}, the NDCR prompt). With labels: one per class (pos = y);
-    without: the "similar object" prompt first (pos = 0), then every class prompt as a negative."""
-    cls = class_prompts(dataset, class_names)
-    return (cls, GENERIC_PROMPT) if labels else ([SIMILAR_PROMPT] + cls, VISUAL_PROMPT)
-
-
-def raw_features(extractor, x: torch.Tensor, prompts: list[str], rows: torch.Tensor | None = None,
-                 memo: dict | None = None) -> list[list[torch.Tensor]]:
-    """out[p][b]: pooled up-block b features (N, C_b) of every image under prompt p.
-
-    memo (optional, {(prompt, row): blocks}): features already computed for the same base-table row
-    with the same extractor; a sample's features depend only on (image, prompt, t, eps), so they are
-    reused (the table command runs several splits of one dataset in one process)."""
-    if memo is None or rows is None:
-        return [extractor.features(x, prompts=p).blocks for p in prompts]
-    out = []
-    for p in prompts:
-        todo = [i for i, r in enumerate(rows.tolist()) if (p, r) not in memo]
-        if todo:
-            new = extractor.features(x[todo], prompts=p).blocks
-            for k, i in enumerate(todo):
-                memo[(p, int(rows[i]))] = [b[k].clone() for b in new]
-        per_row = [memo[(p, int(r))] for r in rows.tolist()]
-        out.append([torch.stack([blocks[b] for blocks in per_row]) for b in range(len(per_row[0]))])
-    return out
-
-
-def fit_block_pcas(rows: list[np.ndarray], dims: int, seed: int) -> list[Any]:
-    """One scikit-learn PCA per up-block, fitted on that block's rows (this client's only), with
-    min(dims, channels, rows) components."""
-    from sklearn.decomposition import PCA
-
-    return [PCA(n_components=min(dims, r.shape[1], r.shape[0]), random_state=seed).fit(r) for r in rows]
-
-
-def project_blocks(pcas: list[Any], scales: list[float], blocks: list[torch.Tensor], dims: int) -> torch.Tensor:
-    """PCA-reduce each block, divide by its RMS norm, zero-pad to `dims`, concatenate -> (N, dims·B)."""
-    out = []
-    for pca, scale, b in zip(pcas, scales, blocks):
-        r = torch.from_numpy(pca.transform(b.double().numpy())).float() / scale
-        out.append(F.pad(r, (0, dims - r.shape[1])))
-    return torch.cat(out, dim=1)
-
-
-def diffusion_targets(extractor, x: torch.Tensor, y: torch.Tensor, dataset: str, class_names: list[str],
-                      labels: bool, pca_dims: int, seed: int = 0, rows: torch.Tensor | None = None,
-                      memo: dict | None = None, fit_on: list[list[torch.Tensor]] | None = None) -> DiffusionTargets:
-    """F~ (N, P, D), pos (N,) and H~ (N, D) of one client's images x with labels y (steps 1-3 above).
-    The PCA of each block is fitted on the union of this client's conditional and generic rows, so
-    F~ and H~ live in one space, the one the projection z_i is trained in (fit_on: raw features
-    [P+1][B] of other images to fit it on instead, e.g. the public split's)."""
-    prompts, ndcr_prompt = prompts_for(dataset, class_names, labels)
-    feats = raw_features(extractor, x, prompts + [ndcr_prompt], rows, memo)  # [P+1][B] (N, C_b)
-    n_blocks = len(feats[0])
-    fit_feats = feats if fit_on is None else fit_on
-    block_rows = [torch.cat([f[b] for f in fit_feats]).double().numpy() for b in range(n_blocks)]  # (N(P+1), C_b)
-    pcas = fit_block_pcas(block_rows, pca_dims, seed)
-    scales = [float(np.sqrt((p.transform(r) ** 2).sum(1).mean())) or 1.0 for p, r in zip(pcas, block_rows)]
-    reduced = [project_blocks(pcas, scales, f, pca_dims) for f in feats]  # [P+1] (N, D)
-    pos = y.long().clone() if labels else torch.zeros(len(x), dtype=torch.long)
-    return DiffusionTargets(F=torch.stack(reduced[:-1], dim=1), pos=pos, H=reduced[-1], pcas=pcas)
+    @classmethod
+    def from_arrays(cls, a: dict[str, torch.Tensor], pool: str) -> "DiffusionTargets":
+        basis = T.TargetBasis.from_arrays({k[6:]: v for k, v in a.items() if k.startswith("basis.")}, pool)
+        return cls(F=a["F"], pos=a["pos"], H=a["H"], basis=basis)
 
 
 # ---- the two losses ------------------------------------------------------------------------------
@@ -140,17 +74,26 @@ def tdcl_loss(z: torch.Tensor, F_: torch.Tensor, pos: torch.Tensor, tau: float) 
     return F.cross_entropy(s / tau, pos)  # -log softmax_pos = log(1 + sum_neg/pos)
 
 
-def ndcr_loss(z: torch.Tensor, H: torch.Tensor) -> torch.Tensor:
-    """NDCR: sum_{q=1..d} (z_(q) - H~_(q))^2 per sample, batch mean."""
-    return ((z - H) ** 2).sum(dim=1).mean()
+def ndcr_loss(z: torch.Tensor, H: torch.Tensor, form: str = "l2") -> torch.Tensor:
+    """NDCR, batch mean. l2: sum_{q=1..d} (z_(q) - H~_(q))^2 (the paper's equation); normalized-l2: the
+    same on z/|z| and H~/|H~| (scale-free); kl: KL(softmax(H~/|H~|) || softmax(z/|z|)) (official code)."""
+    if form == "l2":
+        return ((z - H) ** 2).sum(dim=1).mean()
+    z, H = F.normalize(z, dim=1), F.normalize(H, dim=1)
+    if form == "normalized-l2":
+        return ((z - H) ** 2).sum(dim=1).mean()
+    return F.kl_div(F.log_softmax(z, dim=1), F.softmax(H, dim=1), reduction="batchmean")
 
 
 class FedDifRCLoss:
     """extra_loss for clients.classify.local_train: lambda_TDCL·L_TDCL + lambda_NDCR·L_NDCR on
-    z = g(embedding) of the forward pass local_train just made; keeps running means of each term."""
+    z = g(embedding) (g the identity on the backbone) of the forward pass local_train just made; keeps
+    running means of each term."""
 
-    def __init__(self, targets: DiffusionTargets, lambda_tdcl: float, lambda_ndcr: float, tau: float):
+    def __init__(self, targets: DiffusionTargets, lambda_tdcl: float, lambda_ndcr: float, tau: float,
+                 ndcr_form: str = "normalized-l2"):
         self.targets, self.lambda_tdcl, self.lambda_ndcr, self.tau = targets, lambda_tdcl, lambda_ndcr, tau
+        self.ndcr_form = ndcr_form
         self.sums, self.n = {"tdcl": 0.0, "ndcr": 0.0}, 0
 
     def __call__(self, model: nn.Module, xb: torch.Tensor, yb: torch.Tensor, idx: torch.Tensor) -> torch.Tensor:
@@ -162,7 +105,7 @@ class FedDifRCLoss:
             loss = loss + self.lambda_tdcl * l_tdcl
             self.sums["tdcl"] += l_tdcl.item() * len(idx)
         if self.lambda_ndcr > 0:
-            l_ndcr = ndcr_loss(z, self.targets.H[idx].to(dev))
+            l_ndcr = ndcr_loss(z, self.targets.H[idx].to(dev), self.ndcr_form)
             loss = loss + self.lambda_ndcr * l_ndcr
             self.sums["ndcr"] += l_ndcr.item() * len(idx)
         self.n += len(idx)
@@ -181,35 +124,50 @@ def load_frozen_prior(spec: str, dataset: str, device: str):
 
 
 def cache_key(ctx: ClientContext) -> str:
-    """Everything the representations depend on: the data, the prior, t, blocks, PCA, prompts, seed."""
+    """Everything the static targets depend on: the data, the prior, t, blocks, basis, prompts, seed."""
     c, o = ctx.cfg, ctx.cfg.options
     parts = (c.prior, c.dataset, c.partitioner, sorted(c.partitioner_params.items()), c.seed, c.image_size,
-             ctx.partition_id, ctx.num_partitions, o.t, o.blocks, o.pca_dims, o.labels, o.pca_fit)
+             ctx.partition_id, ctx.num_partitions, o.t, o.blocks, target_dims(c), o.labels, o.pca_fit, o.pool)
     return repr(parts)
 
 
-def compute_targets(ctx: ClientContext) -> DiffusionTargets:
-    """Steps 1-3 on this client's training split (no cache)."""
+def extractor_for(ctx: ClientContext):
+    """The DIFT extractor of this run: its prior, t, blocks and the federation's one seeded eps (the
+    paper's fixed noise), so a sample's maps do not depend on which client holds it."""
     from fedapp.models.features import UNetFeatureExtractor
 
-    c, o, shard = ctx.cfg, ctx.cfg.options, ctx.shard
+    c, o = ctx.cfg, ctx.cfg.options
     prior = load_frozen_prior(c.prior, c.dataset, ctx.device)
-    # eps of the noising step: one draw from the run seed shared by the federation (the paper's fixed
-    # noise), so a sample's raw features do not depend on which client holds it
-    seed = derive_seed("feddifrc-eps", c.seed)
-    extractor = UNetFeatureExtractor(prior, t=o.t, up_blocks=o.blocks_for(prior.num_up_blocks), seed=seed)
-    memo = _RAW.setdefault(repr((c.prior, c.dataset, c.image_size, o.t, extractor.up_blocks, seed, ctx.device)),
-                           {}) if SHARE_RAW_FEATURES else None
-    fit_on = None
-    if o.pca_fit == "public":  # one basis for the federation, from data no client owns
-        from feddata import load_server_data
+    return UNetFeatureExtractor(prior, t=o.t, up_blocks=o.blocks_for(prior.num_up_blocks),
+                                seed=derive_seed("feddifrc-eps", c.seed))
 
-        public = load_server_data(c.dataset, "iid", {}, c.seed, 2, image_size=c.image_size).public
-        prompts, ndcr_prompt = prompts_for(c.dataset, list(shard.info.class_names), o.labels)
-        fit_on = raw_features(extractor, public.x, prompts + [ndcr_prompt], public.index, memo)
-    return diffusion_targets(extractor, shard.train.x, shard.train.y, c.dataset, list(shard.info.class_names),
-                             o.labels, o.pca_dims, ctx.seed_for(0xFD1F), rows=shard.train.index, memo=memo,
-                             fit_on=fit_on)
+
+def fit_images(ctx: ClientContext) -> torch.Tensor:
+    """The images the basis is fitted on: the public split (shared basis) or the client's own."""
+    c = ctx.cfg
+    if c.options.pca_fit == "client":
+        return ctx.shard.train.x
+    from feddata import load_server_data
+
+    return load_server_data(c.dataset, "iid", {}, c.seed, 2, image_size=c.image_size).public.x
+
+
+def compute_targets(ctx: ClientContext) -> DiffusionTargets:
+    """F~, pos, H~ of this client's training split (no cache; the shared memo when SHARE_TARGETS)."""
+    c, o, train = ctx.cfg, ctx.cfg.options, ctx.shard.train
+    extractor = extractor_for(ctx)
+    prompts, ndcr_prompt = T.prompts_for(c.dataset, list(ctx.shard.info.class_names), o.labels)
+    shared = SHARE_TARGETS and o.pca_fit == "public"
+    memo = _SHARED.setdefault(repr((c.prior, c.dataset, c.image_size, o.t, extractor.up_blocks, c.seed, ctx.device,
+                                    target_dims(c), o.labels, o.pool)), {}) if shared else {}
+    if "basis" not in memo:
+        seed = derive_seed("feddifrc-pca", c.seed) if o.pca_fit == "public" else ctx.seed_for(0xFD1F)
+        memo["basis"] = T.fit_basis(extractor, fit_images(ctx), prompts + [ndcr_prompt], target_dims(c), o.pool, seed)
+    basis = memo["basis"]
+    out = [T.memo_reduced(extractor, basis, train.x, p, train.index, memo) if shared
+           else T.reduced(extractor, basis, train.x, p) for p in track(prompts + [ndcr_prompt], "target prompts")]
+    pos = train.y.long().clone() if o.labels else torch.zeros(len(train), dtype=torch.long)
+    return DiffusionTargets(F=torch.stack(out[:-1], dim=1), pos=pos, H=out[-1], basis=basis)
 
 
 def client_targets(ctx: ClientContext) -> tuple[DiffusionTargets, float]:
@@ -221,22 +179,34 @@ def client_targets(ctx: ClientContext) -> tuple[DiffusionTargets, float]:
     state = ctx.state
     if state is not None and STATE_TARGETS in state.array_records and \
             state.config_records.get(STATE_TARGETS_ID, {}).get("key") == key:
-        t = state.array_records[STATE_TARGETS].to_torch_state_dict()
-        _CACHE[key] = DiffusionTargets(F=t["F"], pos=t["pos"], H=t["H"])
+        arrays = state.array_records[STATE_TARGETS].to_torch_state_dict()
+        _CACHE[key] = DiffusionTargets.from_arrays(arrays, ctx.cfg.options.pool)
         return _CACHE[key], 0.0
     t0 = time.time()
     targets = compute_targets(ctx)
     _CACHE[key] = targets
     if state is not None:
-        state[STATE_TARGETS] = ArrayRecord({"F": targets.F, "pos": targets.pos, "H": targets.H})
+        state[STATE_TARGETS] = ArrayRecord(targets.to_arrays())
         state[STATE_TARGETS_ID] = ConfigRecord({"key": key})
     return targets, time.time() - t0
 
 
+def dynamic_targets(ctx: ClientContext, targets: DiffusionTargets, model: nn.Module) -> DiffusionTargets:
+    """The round's targets with the dynamic condition: F~ recomputed under prompts + c_i = h_k(x_i) of the
+    model this client just received (same basis, same H~: NDCR's target stays fixed, as the paper wants)."""
+    c, o, train = ctx.cfg, ctx.cfg.options, ctx.shard.train
+    extractor = extractor_for(ctx)
+    prompts, _ = T.prompts_for(c.dataset, list(ctx.shard.info.class_names), o.labels)
+    prior = extractor.prior
+    offsets = T.condition_offsets(model, train.x, prior.cond_shape[1], T.token_norm(prior, prompts),
+                                  o.dynamic_condition, derive_seed("feddifrc-condition", c.seed))
+    F_ = T.conditioned_targets(extractor, targets.basis, train.x, prompts, offsets)
+    return DiffusionTargets(F=F_, pos=targets.pos, H=targets.H, basis=targets.basis)
+
+
 # ---- handlers ------------------------------------------------------------------------------------
 def model_from_message(msg: Message, ctx: ClientContext) -> nn.Module:
-    proj_dim = ctx.cfg.options.projection_dim(num_up_blocks(ctx.cfg))
-    model = build_classifier(ctx.cfg.model, ctx.shard.info.num_classes, proj_dim=proj_dim)
+    model = build_model(ctx.cfg, ctx.shard.info.num_classes)
     model.load_state_dict(msg.content.array_records[ARRAYS_KEY].to_torch_state_dict())
     return model
 
@@ -245,7 +215,11 @@ def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
     cfg, o, shard = ctx.cfg, ctx.cfg.options, ctx.shard
     targets, seconds = client_targets(ctx)
     model = model_from_message(msg, ctx)
-    reg = FedDifRCLoss(targets, o.lambda_tdcl, o.lambda_ndcr, o.tau)
+    if o.dynamic_condition > 0 and o.lambda_tdcl > 0:
+        t0 = time.time()
+        targets = dynamic_targets(ctx, targets, model)
+        seconds += time.time() - t0
+    reg = FedDifRCLoss(targets, o.lambda_tdcl, o.lambda_ndcr, o.tau, o.ndcr_form)
     stats = local_train(model, shard.train.x, shard.train.y, epochs=cfg.local_epochs, lr=cfg.lr,
                         batch=cfg.batch_size, seed=ctx.seed_for(round_of(msg)), device=ctx.device, extra_loss=reg)
     return train_reply(model, len(shard.train), {**{f"train_{k}": v for k, v in stats.items()},

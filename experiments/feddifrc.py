@@ -1,9 +1,12 @@
-"""FedDifRC table: `python -m experiments feddifrc [--seeds 0,1,2] [--splits ...] [--rounds N] [--methods ...] [--out docs]`.
+"""FedDifRC table: `python -m experiments feddifrc [--dataset mnist-5k] [--seeds 0,1,2] [--splits ...] [--methods ...]`.
 
-digits, 10 clients, Dirichlet alpha in {0.05, 0.2, 0.5} and a pathological split (2 classes per
-client); FedAvg, FedProx, MOON, FedDifRC with TDCL only, with NDCR only, and with both. A cell is
-the mean over the last 5 rounds of the global test accuracy, mean ± std over seeds. Writes
-<out>/feddifrc.json (every curve) and <out>/feddifrc_rounds.png (accuracy per round); --out defaults to docs.
+10 clients, Dirichlet alpha in {0.05, 0.2, 0.5} and a pathological split (2 classes per client);
+FedAvg, FedProx, MOON, FedDifRC with TDCL only, with NDCR only, and with both; per round Flower's
+FedAvg samples `--fraction-train` of the clients (the paper: 5 of 10). A cell is the mean over the
+last 5 rounds of the global test accuracy, mean ± std over seeds. The ablation rows (`--methods
+feddifrc-l2,...`) flip one of FedDifRC's documented choices each. Writes <out>/<stem>.json (every
+curve) and <out>/<stem>_rounds.png (accuracy per round), stem = feddifrc (digits) or
+feddifrc_<dataset>; --out defaults to docs.
 
 Backends. `--backend ray` runs every cell through `fedapp.simulate` (Flower's Ray simulation).
 `--backend inprocess` (default) runs it through `fedapp.simulation.simulate_in_process`: only the
@@ -11,7 +14,7 @@ transport differs (an InProcessGrid hands each message to the ClientApp's handle
 Context whose state persists across rounds, one client after another); the server side is the same
 `fedapp.server_app.run_server` (strategy, Flower's FedAvg loop and aggregation, validation, metering).
 It saves Ray's start-up (~15 s a run) and lets the diffusion features be shared by the three FedDifRC
-rows of a cell (clients.feddifrc.SHARE_RAW_FEATURES: raw UNet features per image and prompt).
+rows of a cell (clients.feddifrc.SHARE_TARGETS: with the shared public basis, targets per image and prompt).
 """
 
 from __future__ import annotations
@@ -40,15 +43,16 @@ METHODS = {
     "tdcl": ("+TDCL only", {"method": "feddifrc", "feddifrc.lambda-ndcr": 0.0}),
     "ndcr": ("+NDCR only", {"method": "feddifrc", "feddifrc.lambda-tdcl": 0.0}),
     "feddifrc": ("FedDifRC", {"method": "feddifrc"}),
-    # diagnostics, not in the paper and not run by default: PCA fitted on the public split (one basis
-    # for all clients); a tenth of NDCR's weight
-    "ndcr-public": ("+NDCR only, public PCA", {"method": "feddifrc", "feddifrc.lambda-tdcl": 0.0,
-                                                "feddifrc.pca-fit": "public"}),
-    "feddifrc-public": ("FedDifRC, public PCA", {"method": "feddifrc", "feddifrc.pca-fit": "public"}),
-    "ndcr-0.1": ("+NDCR only, lambda 0.1", {"method": "feddifrc", "feddifrc.lambda-tdcl": 0.0,
-                                            "feddifrc.lambda-ndcr": 0.1}),
-    "tdcl-0.1": ("+TDCL only, lambda 0.1", {"method": "feddifrc", "feddifrc.lambda-ndcr": 0.0,
-                                            "feddifrc.lambda-tdcl": 0.1}),
+    # ablations, not run by default: each flips one documented choice of FedDifRC (docs/feddifrc.md)
+    "feddifrc-l2": ("FedDifRC, NDCR on raw vectors", {"method": "feddifrc", "feddifrc.ndcr-form": "l2"}),
+    "ndcr-l2": ("+NDCR only, raw vectors", {"method": "feddifrc", "feddifrc.lambda-tdcl": 0.0,
+                                            "feddifrc.ndcr-form": "l2"}),
+    "feddifrc-kl": ("FedDifRC, NDCR as KL", {"method": "feddifrc", "feddifrc.ndcr-form": "kl"}),
+    "feddifrc-head": ("FedDifRC, on a projection head", {"method": "feddifrc", "feddifrc.feature-on": "head"}),
+    "feddifrc-mean": ("FedDifRC, mean pooling", {"method": "feddifrc", "feddifrc.pool": "mean"}),
+    "feddifrc-client-pca": ("FedDifRC, PCA per client", {"method": "feddifrc", "feddifrc.pca-fit": "client"}),
+    "feddifrc-tau0.5": ("FedDifRC, tau 0.5", {"method": "feddifrc", "feddifrc.tau": 0.5}),
+    "feddifrc-dynamic": ("FedDifRC, dynamic condition", {"method": "feddifrc", "feddifrc.dynamic-condition": 0.5}),
 }
 DEFAULT_METHODS = ("fedavg", "fedprox", "moon", "tdcl", "ndcr", "feddifrc")
 # The paper's CIFAR-10 table (ResNet-10, SD-2.1, 10 clients, 50 rounds): NID1 = Dirichlet alpha, NID2 = pathological.
@@ -69,6 +73,7 @@ def uses_prior(method: str) -> bool:
 
 def cell_config(a: argparse.Namespace, seed: int, split: str, method: str) -> dict[str, Any]:
     return {"dataset": a.dataset, "num-server-rounds": a.rounds, "local-epochs": a.local_epochs, "lr": a.lr,
+            "fraction-train": a.fraction_train,
             "batch-size": a.batch_size, "seed": seed, "prior": a.prior, "min-clients": 2, "partitioner.per-class": 0,
             "device": "cpu", "out-dir": a.runs_dir, "run-name": f"{method}-{split}-s{seed}", **parse_set(a.set),
             **SPLITS[split], **METHODS[method][1]}
@@ -103,7 +108,7 @@ def table_text(results: dict[str, Any], splits: list[str], methods: list[str]) -
     return "\n".join(lines)
 
 
-def plot(results: dict[str, Any], splits: list[str], methods: list[str], path: Path) -> None:
+def plot(results: dict[str, Any], splits: list[str], methods: list[str], path: Path, dataset: str) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -120,7 +125,7 @@ def plot(results: dict[str, Any], splits: list[str], methods: list[str], path: P
             x = np.arange(1, n + 1)
             ax.plot(x, arr.mean(0), label=METHODS[m][0])
             ax.fill_between(x, arr.mean(0) - arr.std(0), arr.mean(0) + arr.std(0), alpha=0.15)
-        ax.set_title(f"digits, {s}")
+        ax.set_title(f"{dataset}, {s}")
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
     axes[0][0].set_ylabel("global test accuracy (%)")
@@ -141,11 +146,12 @@ def main(argv: list[str]) -> None:
     p.add_argument("--lr", type=float, default=0.02)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--clients", type=int, default=10)
+    p.add_argument("--fraction-train", type=float, default=0.5, help="clients sampled per round (paper: 5 of 10)")
     p.add_argument("--dataset", default="digits")
     p.add_argument("--prior", default="tiny", help="the frozen prior FedDifRC reads (default: the tiny digits prior)")
     p.add_argument("--backend", choices=BACKENDS, default="inprocess")
     p.add_argument("--runs-dir", default="runs/feddifrc-table")
-    p.add_argument("--out", default="docs", help="folder for feddifrc.json and feddifrc_rounds.png")
+    p.add_argument("--out", default="docs", help="folder for <stem>.json and <stem>_rounds.png")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     p.add_argument("--fresh", action="store_true", help="ignore cells already in <out>/feddifrc.json")
     p.add_argument("--set", nargs="*", default=[], help="run-config overrides, e.g. feddifrc.up-blocks=0,1")
@@ -156,7 +162,7 @@ def main(argv: list[str]) -> None:
 
     torch.set_num_threads(a.threads)
     quiet_logs()
-    fdr.SHARE_RAW_FEATURES = a.backend == "inprocess"
+    fdr.SHARE_TARGETS = a.backend == "inprocess"
     seeds = [int(s) for s in a.seeds.split(",")]
     splits, methods = a.splits.split(","), a.methods.split(",")
     for key, given, allowed in (("splits", splits, SPLITS), ("methods", methods, METHODS)):
@@ -165,9 +171,12 @@ def main(argv: list[str]) -> None:
             raise SystemExit(f"--{key}={','.join(bad)}: must be among {','.join(allowed)}")
     check_configs([cell_config(a, seeds[0], s, m) for s in splits for m in methods], a.clients)
     out = Path(a.out)
-    json_path = out / "feddifrc.json"
+    stem = "feddifrc" if a.dataset == "digits" else f"feddifrc_{a.dataset}"
+    json_path, png_path = out / f"{stem}.json", out / f"{stem}_rounds.png"
     setup = {"dataset": a.dataset, "clients": a.clients, "rounds": a.rounds, "local_epochs": a.local_epochs,
              "lr": a.lr, "batch_size": a.batch_size, "backend": a.backend, "last_rounds": LAST}
+    if a.fraction_train != 1.0:  # only when not 1, so that tables measured before client sampling still resume
+        setup["fraction_train"] = a.fraction_train
     if a.set:  # only when given, so that tables measured before --set existed still resume
         setup["set"] = parse_set(a.set)
     results: dict[str, Any] = {}
@@ -199,11 +208,12 @@ def main(argv: list[str]) -> None:
     all_splits = [s for s in SPLITS if s in results]
     present = [m for m in METHODS if any(m in results[s] for s in all_splits)]
     main_rows = [m for m in present if m in DEFAULT_METHODS]
-    print(f"\n{a.dataset}, {a.clients} clients, {a.rounds} rounds x {a.local_epochs} local epochs; "
+    print(f"\n{a.dataset}, {a.clients} clients ({a.fraction_train:g} per round), {a.rounds} rounds x "
+          f"{a.local_epochs} local epochs; "
           f"mean of the last {LAST} rounds' global test accuracy (%), mean ± std over seeds\n"
           f"{table_text(results, all_splits, main_rows)}")
     extra = [m for m in present if m not in DEFAULT_METHODS]
     if extra:
-        print(f"\ndiagnostics (not in the paper)\n{table_text(results, all_splits, extra)}")
-    plot(results, all_splits, main_rows, out / "feddifrc_rounds.png")
-    print(f"wrote {json_path} and {out / 'feddifrc_rounds.png'} ({time.time() - t_all:.0f} s)")
+        print(f"\nablations (one choice flipped each)\n{table_text(results, all_splits, extra)}")
+    plot(results, all_splits, main_rows, png_path, a.dataset)
+    print(f"wrote {json_path} and {png_path} ({time.time() - t_all:.0f} s)")

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from fedapp.config import AUTO, ConfigError, RunConfig, check_data
 from fedapp.geometry import uses_prior
 
-BUILTIN_MODELS = ("cnn", "resnet18")
+BUILTIN_MODELS = ("cnn", "resnet10", "resnet18")
 
 
 def check_out_dir(cfg: RunConfig) -> None:
@@ -100,6 +100,15 @@ def check_protocol(cfg: RunConfig, methods: Mapping[str, Any] | None = None) -> 
         raise ConfigError(reason)
 
 
+def check_fraction_train(cfg: RunConfig, methods: Mapping[str, Any] | None = None) -> None:
+    """Client sampling is Flower FedAvg's: only the strategies on its round loop honour it."""
+    from fedapp import registry
+
+    if cfg.fraction_train < 1.0 and not getattr(registry.strategy_class(cfg.method, methods), "samples_clients", False):
+        raise ConfigError(f"fraction-train={cfg.fraction_train}: method={cfg.method!r} trains every client; must be "
+                          "1.0, or pick a round-based classification method (fedavg, fedprox, moon, feddifrc)")
+
+
 def check_nodes(cfg: RunConfig, num_nodes: int) -> None:
     if cfg.min_clients > num_nodes:
         raise ConfigError(f"min-clients={cfg.min_clients}: must be <= the federation's {num_nodes} nodes")
@@ -142,6 +151,7 @@ def preflight(cfg: RunConfig, num_nodes: int | None = None, methods: Mapping[str
         check_prior(cfg)
         check_image_size(cfg)
     check_protocol(cfg, methods)
+    check_fraction_train(cfg, methods)
     check_model(cfg)
     if num_nodes is not None:
         check_nodes(cfg, num_nodes)

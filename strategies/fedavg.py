@@ -16,6 +16,7 @@ neighbours). Every FedAvg-family method (fedavg, fedprox, moon, feddifrc) inheri
 from __future__ import annotations
 
 import logging
+import random
 from typing import Any, Iterable
 
 import torch
@@ -27,6 +28,7 @@ from fedapp.models.classifier import build_classifier
 from fedapp.protocols import ACCURACY_KEY, ARRAYS_KEY, NUM_EXAMPLES_KEY, RUN_KEY
 from fedapp.protocols import classify as P
 from fedapp.protocols.records import dtypes_of
+from fedapp.seeds import derive_seed
 from fedapp.server import FedappStrategy, ServerRun, keep_valid
 from fedapp.server.checkpoint import save_checkpoint, save_model
 
@@ -39,11 +41,13 @@ AGGREGATORS = {"mean": None, "median": FedMedian, "trimmed-mean": FedTrimmedAvg,
 
 class FedAvgStrategy(FedappStrategy, FedAvg):
     train_phase = P.TRAIN  # a method whose clients report more train metrics declares its own
+    samples_clients = True  # honours `fraction-train` (fedapp.preflight refuses it for other strategies)
 
     def __init__(self, run: ServerRun, **kwargs: Any):
         n = run.cfg.min_clients
         keys = dict(weighted_by_key=NUM_EXAMPLES_KEY, arrayrecord_key=ARRAYS_KEY, configrecord_key=RUN_KEY)
-        super().__init__(min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n, **keys, **kwargs)
+        super().__init__(min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n,
+                         fraction_train=run.cfg.fraction_train, **keys, **kwargs)
         self.bind(run)
         robust = AGGREGATORS[run.cfg.aggregation]
         self.aggregator = robust(**keys) if robust is not None else None
@@ -54,7 +58,14 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
 
     # -- Flower hooks (rounds are the run's: Flower's + round_offset) -------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config, grid):
-        return super().configure_train(server_round + self.round_offset, arrays, config, grid)
+        # Flower samples the round's nodes with the `random` module over grid.get_node_ids(): seeding it per
+        # round makes the sample reproducible wherever node ids are (in-process runs, fixed deployments)
+        state = random.getstate()
+        random.seed(derive_seed("fraction-train", self.run.cfg.seed, server_round + self.round_offset))
+        try:
+            return super().configure_train(server_round + self.round_offset, arrays, config, grid)
+        finally:
+            random.setstate(state)
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config, grid):
         return super().configure_evaluate(server_round + self.round_offset, arrays, config, grid)

@@ -4,8 +4,8 @@ computed from a frozen text-to-image diffusion prior,
     L = L_CE + lambda_TDCL · L_TDCL + lambda_NDCR · L_NDCR        (clients/feddifrc.py)
 
 The server side is FedAvg's (Flower's sample-weighted average, fedapp's upload validation); what
-changes is the global model, which carries the projection head g mapping the embedding to the
-dimension of the PCA-reduced diffusion representations, and the summary, which reports what the
+changes is the global model (with `feddifrc.feature-on = head` it carries a projection head g from the
+embedding to the targets' dimension), and the summary, which reports what the
 clients' representation caches cost.
 """
 
@@ -15,7 +15,6 @@ from typing import Any
 
 from flwr.app import Message
 
-from fedapp.models.classifier import build_classifier
 from fedapp.protocols import METRICS_KEY
 from fedapp.protocols import feddifrc as P
 from fedapp.protocols.records import partition_of
@@ -31,10 +30,8 @@ class FedDifRCStrategy(FedAvgStrategy):
         self._cache: dict[int, dict[str, float]] = {}
 
     def build_model(self):
-        """The classifier plus the projection head g: embedding -> R^D that TDCL/NDCR act on."""
-        cfg = self.run.cfg
-        return build_classifier(cfg.model, self.server_data().info.num_classes,
-                                proj_dim=cfg.options.projection_dim(P.num_up_blocks(cfg)))
+        """The classifier whose embedding (or projection head g on it) TDCL/NDCR act on."""
+        return P.build_model(self.run.cfg, self.server_data().info.num_classes)
 
     def on_valid_train(self, replies: list[Message]) -> None:
         for r in replies:  # what each client's representation cache costs (reported once per client)

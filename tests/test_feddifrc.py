@@ -11,9 +11,10 @@ import fedapp
 
 ONE_ACTOR = {"client_resources": {"num_cpus": 2, "num_gpus": 0.0}}  # one Ray actor: one torch import on 2 cores
 from clients import feddifrc as fd
+from clients import feddifrc_targets as T
 from fedapp.client_context import ClientContext
 from fedapp.config import ConfigError, all_defaults, parse_run_config
-from fedapp.models.classifier import ProjectedClassifier, build_classifier
+from fedapp.models.classifier import ProjectedClassifier
 from fedapp.models.features import UNetFeatureExtractor
 from fedapp.models.prior.tiny import TEST_CONFIG, random_tiny_prior
 
@@ -25,7 +26,7 @@ def prior_dir(tmp_path_factory):
 
 def _flat(prior_dir, **kw):
     flat = {"method": "feddifrc", "dataset": "digits", "prior": str(prior_dir), "feddifrc.up-blocks": "0,1",
-            "feddifrc.pca-dims": 8, "partitioner.name": "dirichlet", "partitioner.alpha": 0.5,
+            "partitioner.name": "dirichlet", "partitioner.alpha": 0.5,
             "partitioner.per-class": 3, "device": "cpu"}
     flat.update(kw)
     return flat
@@ -69,77 +70,153 @@ def test_ndcr_is_zero_when_they_coincide_and_the_squared_distance_otherwise():
     H = torch.randn(5, 7)
     assert fd.ndcr_loss(H.clone(), H).item() == 0.0
     z = H + 0.5
-    assert fd.ndcr_loss(z, H).item() == pytest.approx(7 * 0.25)
+    assert fd.ndcr_loss(z, H, "l2").item() == pytest.approx(7 * 0.25)
 
 
-# ---- representations ----------------------------------------------------------------------------
-def test_options_projection_dim_and_bad_up_blocks():
+@pytest.mark.parametrize("form", ["normalized-l2", "kl"])
+def test_normalised_ndcr_forms_ignore_the_scale_of_either_vector(form):
+    g = torch.Generator().manual_seed(2)
+    z, H = torch.randn(6, 9, generator=g), torch.rand(6, 9, generator=g)
+    base = fd.ndcr_loss(z, H, form).item()
+    assert base > 0
+    for a, b in ((3.0, 1.0), (1.0, 0.01), (50.0, 7.0)):
+        assert fd.ndcr_loss(a * z, b * H, form).item() == pytest.approx(base, rel=1e-5)
+    assert fd.ndcr_loss(z, H, "l2").item() != pytest.approx(fd.ndcr_loss(3 * z, H, "l2").item())  # the raw form does not
+    assert fd.ndcr_loss(H, 4 * H, form).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_ndcr_kl_is_the_official_codes_divergence():
+    g = torch.Generator().manual_seed(3)
+    z, H = torch.randn(4, 5, generator=g), torch.randn(4, 5, generator=g)
+    p = torch.softmax(H / H.norm(dim=1, keepdim=True), 1)
+    q = torch.softmax(z / z.norm(dim=1, keepdim=True), 1)
+    want = (p * (p.log() - q.log())).sum(1).mean()
+    assert fd.ndcr_loss(z, H, "kl").item() == pytest.approx(want.item(), rel=1e-5)
+
+
+# ---- options ------------------------------------------------------------------------------------
+def test_options_target_dims_head_and_bad_values():
     cfg = parse_run_config({"method": "feddifrc", "feddifrc.pca-dims": 16, "feddifrc.up-blocks": "1, 2"})
-    assert cfg.options.blocks == (1, 2) and cfg.options.projection_dim(4) == 32
+    assert cfg.options.blocks == (1, 2) and cfg.options.target_dims(4, 128) == (16, 16)
     default = parse_run_config({"method": "feddifrc"}).options
-    assert default.projection_dim(4) == 32 * 3 and default.blocks_for(4) == (1, 2, 3)  # '' = the last three
-    assert default.blocks_for(2) == (0, 1) and default.projection_dim(2) == 32 * 2  # a shallower prior: all it has
-    with pytest.raises(ConfigError, match="feddifrc.up-blocks"):
-        parse_run_config({"method": "feddifrc", "feddifrc.up-blocks": "one"})
+    assert default.blocks_for(4) == (1, 2, 3) and default.blocks_for(2) == (0, 1)  # '' = the last three
+    assert default.target_dims(4, 512) == (256, 128, 128)  # ResNet-10's feature: the paper's dims
+    assert default.target_dims(4, 128) == (64, 32, 32) and default.target_dims(2, 128) == (64, 64)
+    assert default.target_dims(4, 130) == (66, 32, 32) and sum(default.target_dims(3, 97)) == 97
+    assert default.feature_on == "backbone" and default.head_dim(4, 128) == 0
+    head = parse_run_config({"method": "feddifrc", "feddifrc.feature-on": "head", "feddifrc.pca-dims": 8}).options
+    assert head.head_dim(4, 128) == 24
+    for key, bad in (("up-blocks", "one"), ("ndcr-form", "cosine"), ("pool", "max"), ("feature-on", "logits"),
+                     ("pca-dims", 0), ("pca-fit", "server"), ("dynamic-condition", -1.0)):
+        with pytest.raises(ConfigError, match=f"feddifrc.{key}"):
+            parse_run_config({"method": "feddifrc", f"feddifrc.{key}": bad})
+
+
+def test_preflight_refuses_backbone_targets_of_the_wrong_size(prior_dir):
+    from fedapp.protocols import feddifrc as P
+
+    bad = parse_run_config({**all_defaults(), **_flat(prior_dir, **{"feddifrc.pca-dims": 8})})
+    assert "feddifrc.pca-dims=8" in P.preflight(bad) and "128" in P.preflight(bad)
+    assert P.preflight(parse_run_config({**all_defaults(), **_flat(
+        prior_dir, **{"feddifrc.pca-dims": 8, "feddifrc.feature-on": "head"})})) is None
+    assert P.preflight(parse_run_config({**all_defaults(), **_flat(prior_dir)})) is None
 
 
 def test_prompts_with_and_without_labels():
     names = ["zero", "one"]
-    assert fd.prompts_for("digits", names, True) == (
+    assert T.prompts_for("digits", names, True) == (
         ["a photo of the digit zero", "a photo of the digit one"], "")
-    assert fd.prompts_for("digits", names, False) == (
+    assert T.prompts_for("digits", names, False) == (
         ["a photo of a similar object", "a photo of the digit zero", "a photo of the digit one"],
         "a photo of a visual object")
 
 
-def test_pca_is_fitted_on_the_clients_own_data_only(prior_dir):
+# ---- representations ----------------------------------------------------------------------------
+def _extractor(prior_dir):
+    prior = fd.load_frozen_prior(str(prior_dir), "digits", "cpu")
+    return UNetFeatureExtractor(prior, t=300, up_blocks=(0, 1), seed=5, batch_size=16)
+
+
+@pytest.mark.parametrize("pool", ["l2norm", "mean"])
+def test_basis_is_a_per_pixel_pca_and_pooling_decides_the_sign(prior_dir, pool):
+    ex, ctx = _extractor(prior_dir), _ctx(prior_dir, pid=0)
+    x = ctx.shard.train.x
+    basis = T.fit_basis(ex, x, ["a photo of the digit one", ""], (6, 40), pool, seed=1)
+    for k, (mean, comp) in enumerate(zip(basis.means, basis.components)):
+        channels = ex.dims[k]
+        assert comp.shape == (min((6, 40)[k], channels), channels) and mean.shape == (channels,)
+        assert torch.allclose(comp @ comp.T, torch.eye(len(comp)), atol=1e-4)  # orthonormal components
+        # the mean is over pixels: close to the mean of every position of every fitting map
+        pix = torch.cat([m[k].flatten(2).transpose(1, 2).reshape(-1, channels)
+                         for p in ["a photo of the digit one", ""] for m in ex.maps(x, prompts=p)])
+        assert torch.allclose(mean, pix.mean(0), atol=0.15 * pix.std(0).mean().item())
+    t = T.reduced(ex, basis, x, "a photo of the digit one")
+    assert t.shape == (len(x), 46) and (t[:, 6 + 32:] == 0).all()  # block 1 has 32 channels: zero-padded to 40
+    if pool == "l2norm":  # the official pooling: norms, non-negative
+        assert (t >= 0).all()
+    else:
+        assert (t < 0).any()
+    # each block has unit RMS norm over the fitting rows
+    rows = torch.cat([T.reduced(ex, basis, x, p) for p in ["a photo of the digit one", ""]])
+    for sl in (slice(0, 6), slice(6, 46)):
+        assert (rows[:, sl] ** 2).sum(1).mean().item() == pytest.approx(1.0, rel=1e-3)
+
+
+def test_shared_basis_is_fitted_on_the_public_split_only(prior_dir, monkeypatch):
+    from feddata import load_server_data
+
+    monkeypatch.setattr(fd, "_CACHE", {})
+    seen = []
+    real_fit = T.fit_basis
+    monkeypatch.setattr(T, "fit_basis", lambda ex, x, *a, **k: seen.append(x) or real_fit(ex, x, *a, **k))
     a, b = _ctx(prior_dir, pid=0), _ctx(prior_dir, pid=1)
-    prior = fd.load_frozen_prior(str(prior_dir), "digits", "cpu")
-    ex = UNetFeatureExtractor(prior, t=300, up_blocks=(0, 1), seed=5)
-    names = list(a.shard.info.class_names)
-    ta = fd.diffusion_targets(ex, a.shard.train.x, a.shard.train.y, "digits", names, True, 8)
-    tb = fd.diffusion_targets(ex, b.shard.train.x, b.shard.train.y, "digits", names, True, 8)
-    prompts, generic = fd.prompts_for("digits", names, True)
-    for blk in range(2):  # the PCA mean is this client's mean feature (all its prompts), nobody else's
-        rows = torch.cat([ex.features(a.shard.train.x, prompts=p).blocks[blk] for p in prompts + [generic]])
-        assert torch.allclose(torch.from_numpy(ta.pcas[blk].mean_).float(), rows.mean(0), atol=1e-4)
-        assert not torch.allclose(torch.from_numpy(tb.pcas[blk].mean_).float(), rows.mean(0), atol=1e-3)
-        assert ta.pcas[blk].components_.shape == tb.pcas[blk].components_.shape
-        assert not torch.allclose(torch.from_numpy(ta.pcas[blk].components_), torch.from_numpy(tb.pcas[blk].components_))
-    n, K = len(a.shard.train), len(names)
-    assert ta.F.shape == (n, K, 16) and ta.H.shape == (n, 16) and torch.equal(ta.pos, a.shard.train.y)
-    # each block's PCA output has unit RMS norm over the client's rows (F and H together)
-    allrows = torch.cat([ta.F.reshape(-1, 16), ta.H])
-    for blk in range(2):
-        assert (allrows[:, 8 * blk:8 * (blk + 1)] ** 2).sum(1).mean().item() == pytest.approx(1.0, rel=1e-4)
+    ta, tb = fd.compute_targets(a), fd.compute_targets(b)
+    public = load_server_data("digits", "iid", {}, 0, 2, image_size=a.cfg.image_size).public.x
+    assert len(seen) == 2 and all(torch.equal(x, public) for x in seen)
+    client_rows = torch.cat([a.shard.train.x, b.shard.train.x]).flatten(1)
+    assert not (torch.cdist(public.flatten(1), client_rows) == 0).any()  # no client image is a fitting row
+    for k in range(2):
+        assert torch.equal(ta.basis.components[k], tb.basis.components[k])
+    # one basis per client when asked: fitted on that client's own images
+    seen.clear()
+    ca = fd.compute_targets(_ctx(prior_dir, pid=0, **{"feddifrc.pca-fit": "client"}))
+    cb = fd.compute_targets(_ctx(prior_dir, pid=1, **{"feddifrc.pca-fit": "client"}))
+    assert torch.equal(seen[0], a.shard.train.x) and torch.equal(seen[1], b.shard.train.x)
+    assert not torch.allclose(ca.basis.components[0], cb.basis.components[0])
 
 
-def test_fit_on_other_rows_gives_every_client_one_basis(prior_dir):
-    # feddifrc.pca-fit = public: the basis comes from rows no client owns and is shared by all
-    a, b, pub = _ctx(prior_dir, pid=0), _ctx(prior_dir, pid=1), _ctx(prior_dir, pid=2)
-    prior = fd.load_frozen_prior(str(prior_dir), "digits", "cpu")
-    ex = UNetFeatureExtractor(prior, t=300, up_blocks=(0, 1), seed=5)
-    names = list(a.shard.info.class_names)
-    prompts, generic = fd.prompts_for("digits", names, True)
-    fit_on = fd.raw_features(ex, pub.shard.train.x, prompts + [generic])
-    ta = fd.diffusion_targets(ex, a.shard.train.x, a.shard.train.y, "digits", names, True, 8, fit_on=fit_on)
-    tb = fd.diffusion_targets(ex, b.shard.train.x, b.shard.train.y, "digits", names, True, 8, fit_on=fit_on)
-    for blk in range(2):
-        assert torch.equal(torch.from_numpy(ta.pcas[blk].components_), torch.from_numpy(tb.pcas[blk].components_))
-        want = torch.cat([f[blk] for f in fit_on]).mean(0)
-        assert torch.allclose(torch.from_numpy(ta.pcas[blk].mean_).float(), want, atol=1e-4)
-    assert parse_run_config({"method": "feddifrc", "feddifrc.pca-fit": "public"}).options.pca_fit == "public"
-    with pytest.raises(ConfigError, match="feddifrc.pca-fit"):
-        parse_run_config({"method": "feddifrc", "feddifrc.pca-fit": "server"})
-
-
-def test_self_supervised_targets_put_the_positive_first(prior_dir):
-    ctx = _ctx(prior_dir, pid=2, **{"feddifrc.labels": False})
+def test_targets_shapes_labels_and_self_supervised_positive(prior_dir):
+    ctx = _ctx(prior_dir, pid=0)
     t = fd.compute_targets(ctx)
-    assert t.F.shape[1] == len(ctx.shard.info.class_names) + 1 and (t.pos == 0).all()
+    n, K, D = len(ctx.shard.train), len(ctx.shard.info.class_names), 128
+    assert t.F.shape == (n, K, D) and t.H.shape == (n, D) and torch.equal(t.pos, ctx.shard.train.y)
+    ss = fd.compute_targets(_ctx(prior_dir, pid=2, **{"feddifrc.labels": False}))
+    assert ss.F.shape[1] == K + 1 and (ss.pos == 0).all()
 
 
-def test_cached_representations_equal_freshly_computed_ones(prior_dir, monkeypatch):
+def test_dynamic_condition_follows_the_local_model(prior_dir):
+    ctx = _ctx(prior_dir, pid=0, **{"feddifrc.dynamic-condition": 0.5})
+    static, _ = fd.client_targets(ctx)
+    torch.manual_seed(0)
+    m1 = fd.build_model(ctx.cfg, 10)
+    torch.manual_seed(1)
+    m2 = fd.build_model(ctx.cfg, 10)
+    d1, d1_again, d2 = (fd.dynamic_targets(ctx, static, m) for m in (m1, m1, m2))
+    assert torch.equal(d1.F, d1_again.F)  # a function of the model, not of chance
+    assert not torch.allclose(d1.F, d2.F, atol=1e-4)  # another model, other conditions, other targets
+    assert not torch.allclose(d1.F, static.F, atol=1e-4)
+    assert torch.equal(d1.H, static.H)  # NDCR's target stays fixed
+    # c_i has the asked norm relative to a prompt token's, and zero offsets give back the static targets
+    ex = fd.extractor_for(ctx)
+    prompts, _ = T.prompts_for("digits", list(ctx.shard.info.class_names), True)
+    tok = T.token_norm(ex.prior, prompts)
+    off = T.condition_offsets(m1, ctx.shard.train.x, ex.prior.cond_shape[1], tok, 0.5, seed=3)
+    assert torch.allclose(off.norm(dim=1), torch.full((len(off),), 0.5 * tok), rtol=1e-4)
+    zero = T.conditioned_targets(ex, static.basis, ctx.shard.train.x, prompts, torch.zeros_like(off))
+    assert torch.allclose(zero, static.F, atol=1e-5)
+
+
+def test_cached_targets_equal_freshly_computed_ones(prior_dir, monkeypatch):
     from flwr.app import RecordDict
 
     monkeypatch.setattr(fd, "_CACHE", {})
@@ -149,36 +226,42 @@ def test_cached_representations_equal_freshly_computed_ones(prior_dir, monkeypat
     assert seconds > 0 and first.nbytes == 4 * (first.F.numel() + first.H.numel()) + 8 * first.pos.numel()
     again, seconds = fd.client_targets(_ctx(prior_dir, pid=1, state=state))  # process memory
     assert seconds == 0 and again is first
-    fd._CACHE.clear()  # a new ClientApp process: the node's Context.state still has them
+    fd._CACHE.clear()  # a new ClientApp process: the node's Context.state still has them (basis included)
     from_state, seconds = fd.client_targets(_ctx(prior_dir, pid=1, state=state))
-    assert seconds == 0
+    assert seconds == 0 and torch.equal(from_state.basis.components[1], first.basis.components[1])
     fresh = fd.compute_targets(_ctx(prior_dir, pid=1))
     for got in (again, from_state):
         assert torch.equal(got.F, fresh.F) and torch.equal(got.H, fresh.H) and torch.equal(got.pos, fresh.pos)
-    # the table command's shared raw-feature memo gives the same numbers
-    monkeypatch.setattr(fd, "SHARE_RAW_FEATURES", True)
-    monkeypatch.setattr(fd, "_RAW", {})
+    # the table command's shared memo gives the same numbers
+    monkeypatch.setattr(fd, "SHARE_TARGETS", True)
+    monkeypatch.setattr(fd, "_SHARED", {})
     fd.compute_targets(_ctx(prior_dir, pid=0))  # fills the memo with another client's rows first
     shared = fd.compute_targets(_ctx(prior_dir, pid=1))
     assert torch.allclose(shared.F, fresh.F, atol=1e-5) and torch.allclose(shared.H, fresh.H, atol=1e-5)
-    # a different timestep is a different cache entry
+    # a different timestep or pooling is a different cache entry
     assert fd.cache_key(_ctx(prior_dir, pid=1, **{"feddifrc.t": 100})) != fd.cache_key(ctx)
+    assert fd.cache_key(_ctx(prior_dir, pid=1, **{"feddifrc.pool": "mean"})) != fd.cache_key(ctx)
 
 
-def test_regulariser_uses_the_projection_of_the_forward_pass(prior_dir):
-    ctx = _ctx(prior_dir, pid=0)
+@pytest.mark.parametrize("feature_on", ["backbone", "head"])
+def test_regulariser_acts_on_the_chosen_feature_of_the_forward_pass(prior_dir, feature_on):
+    extra = {"feddifrc.feature-on": feature_on}
+    ctx = _ctx(prior_dir, pid=0, **extra)
     t = fd.compute_targets(ctx)
-    model = build_classifier("cnn", 10, proj_dim=16)
-    assert isinstance(model, ProjectedClassifier) and any(k.startswith("proj.") for k in model.state_dict())
-    reg = fd.FedDifRCLoss(t, lambda_tdcl=1.0, lambda_ndcr=0.0, tau=0.04)
+    model = fd.build_model(ctx.cfg, 10)
+    assert isinstance(model, ProjectedClassifier)
+    assert any(k.startswith("proj.") for k in model.state_dict()) == (feature_on == "head")
+    reg = fd.FedDifRCLoss(t, lambda_tdcl=1.0, lambda_ndcr=1.0, tau=0.04)
     idx = torch.arange(4)
     model(ctx.shard.train.x[idx])
     loss = reg(model, None, None, idx)
-    z = model.project(model.embed(ctx.shard.train.x[idx]))
-    assert loss.item() == pytest.approx(fd.tdcl_loss(z, t.F[idx], t.pos[idx], 0.04).item(), rel=1e-5)
+    emb = model.embed(ctx.shard.train.x[idx])
+    z = emb if feature_on == "backbone" else model.project(emb)
+    want = fd.tdcl_loss(z, t.F[idx], t.pos[idx], 0.04) + fd.ndcr_loss(z, t.H[idx], "normalized-l2")
+    assert loss.item() == pytest.approx(want.item(), rel=1e-5)
     loss.backward()
-    assert model.proj[0].weight.grad is not None and model.base.features[0][0].weight.grad is not None
-    assert set(reg.means()) == {"tdcl", "ndcr"} and reg.means()["ndcr"] == 0.0
+    assert model.base.features[0][0].weight.grad is not None
+    assert set(reg.means()) == {"tdcl", "ndcr"} and reg.means()["ndcr"] > 0
 
 
 # ---- end to end ----------------------------------------------------------------------------------

@@ -197,3 +197,38 @@ def test_a_node_that_split_the_data_another_way_is_refused(tmp_path):
     assert claim_partition(run, 10, ok, live=set()) is None and run.node_partition == {10: 0}
     why = claim_partition(run, 11, other, live=set())
     assert why.startswith("num-partitions=2: the run has 3 nodes") and 11 not in run.node_partition
+
+
+class _Nodes:
+    def __init__(self, n):
+        self.ids = list(range(100, 100 + n))
+
+    def get_node_ids(self):
+        return list(self.ids)
+
+
+def test_fraction_train_samples_that_share_of_nodes_reproducibly(tmp_path):
+    def sampled(seed, rnd, fraction=0.5):
+        cfg = parse_run_config({"min-clients": 2, "fraction-train": fraction, "seed": seed, "out-dir": str(tmp_path)})
+        strat = FedAvgStrategy(ServerRun(cfg=cfg, out=RunDir(tmp_path / "r")))
+        msgs = strat.configure_train(rnd, ArrayRecord({"w": torch.zeros(2)}), ConfigRecord({}), _Nodes(10))
+        return sorted(m.metadata.dst_node_id for m in msgs)
+
+    first = sampled(0, 1)
+    assert len(first) == 5 and set(first) <= set(range(100, 110))  # Flower's FedAvg: int(10 * 0.5)
+    assert sampled(0, 1) == first  # same seed and round: the same nodes
+    assert len({tuple(sampled(0, r)) for r in range(1, 6)}) > 1  # rounds draw anew
+    assert sampled(1, 1) != first or sampled(1, 2) != sampled(0, 2)
+    assert len(sampled(0, 1, fraction=0.1)) == 2  # never fewer than min-clients
+    assert len(sampled(0, 1, fraction=1.0)) == 10
+
+
+def test_fraction_train_is_refused_where_no_client_sampling_exists(tmp_path):
+    from fedapp.config import ConfigError
+    from fedapp.preflight import check_fraction_train
+
+    check_fraction_train(parse_run_config({"method": "feddifrc", "fraction-train": 0.5}))
+    with pytest.raises(ConfigError, match="fraction-train=0.5: method='espresso' trains every client"):
+        check_fraction_train(parse_run_config({"method": "espresso", "fraction-train": 0.5}))
+    with pytest.raises(ConfigError, match="fraction-train=0.0: must be > 0"):
+        parse_run_config({"fraction-train": 0.0})

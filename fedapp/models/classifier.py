@@ -66,18 +66,23 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     return float((predict(model, x) == y.cpu()).float().mean())
 
 
-class HFResNet(nn.Module):
-    """ResNet from transformers: built from a config (no download) or loaded by id/folder."""
+# Built-in ResNets from a transformers config (random init, no download): basic blocks, widths 64..512.
+# ResNet-10 (one block per stage) is FedDifRC's client model in the paper's code; ResNet-18 the usual one.
+RESNET_DEPTHS = {"resnet10": [1, 1, 1, 1], "resnet18": [2, 2, 2, 2]}
 
-    def __init__(self, num_classes: int, name_or_path: str | None = None):
+
+class HFResNet(nn.Module):
+    """ResNet from transformers: a built-in layout (RESNET_DEPTHS) or loaded by id/folder."""
+
+    def __init__(self, num_classes: int, name_or_path: str | None = None, depths: list[int] | None = None):
         super().__init__()
         from transformers import ResNetConfig, ResNetModel
 
         if name_or_path:
             self.backbone = ResNetModel.from_pretrained(name_or_path)
-        else:  # ResNet-18 layout: basic blocks, depths (2,2,2,2), widths 64..512
+        else:
             self.backbone = ResNetModel(ResNetConfig(
-                layer_type="basic", depths=[2, 2, 2, 2], hidden_sizes=[64, 128, 256, 512],
+                layer_type="basic", depths=depths or RESNET_DEPTHS["resnet18"], hidden_sizes=[64, 128, 256, 512],
                 embedding_size=64, num_channels=3))
         self.embed_dim = self.backbone.config.hidden_sizes[-1]
         self.head = nn.Linear(self.embed_dim, num_classes)
@@ -93,15 +98,17 @@ class ProjectedClassifier(nn.Module):
     """A classifier plus a projection head g: embedding -> R^proj_dim (z_i of MOON and FedDifRC).
 
     The head sits beside the classifier's own head (logits come from the embedding, as in FedDifRC's
-    code); FedAvg averages it with the rest. `forward` keeps the last embedding in `self.embedding`
-    so a regulariser takes z = project(model.embedding) without a second backbone pass."""
+    code); FedAvg averages it with the rest. proj_dim = 0: no head, z is the embedding itself
+    (FedDifRC's official code regularises the backbone's feature). `forward` keeps the last embedding in
+    `self.embedding` so a regulariser takes z = project(model.embedding) without a second backbone pass."""
 
     def __init__(self, base: nn.Module, proj_dim: int):
         super().__init__()
         e = base.embed_dim
         self.base = base
-        self.proj = nn.Sequential(nn.Linear(e, e), nn.ReLU(inplace=True), nn.Linear(e, proj_dim))
-        self.embed_dim, self.proj_dim = e, proj_dim
+        self.proj = nn.Sequential(nn.Linear(e, e), nn.ReLU(inplace=True), nn.Linear(e, proj_dim)) if proj_dim \
+            else nn.Identity()
+        self.embed_dim, self.proj_dim = e, proj_dim or e
         self.embedding: torch.Tensor | None = None
 
     def embed(self, x: torch.Tensor) -> torch.Tensor:
@@ -115,16 +122,28 @@ class ProjectedClassifier(nn.Module):
         return self.base.head(self.embedding)
 
 
-def build_classifier(name: str, num_classes: int, proj_dim: int = 0) -> nn.Module:
-    """`cnn`, `resnet18` (transformers config, random init) or a transformers ResNet id/folder;
-    proj_dim > 0 wraps it in a ProjectedClassifier with that projection dimension."""
-    if proj_dim > 0:
+def build_classifier(name: str, num_classes: int, proj_dim: int = 0, keep_embedding: bool = False) -> nn.Module:
+    """`cnn`, `resnet10`, `resnet18` (transformers config, random init) or a transformers ResNet id/folder.
+    proj_dim > 0 wraps it in a ProjectedClassifier with that projection head; keep_embedding alone wraps
+    it without a head (z = the embedding)."""
+    if proj_dim > 0 or keep_embedding:
         return ProjectedClassifier(build_classifier(name, num_classes), proj_dim)
     if name == "cnn":
         return SmallCNN(num_classes)
-    if name == "resnet18":
-        return HFResNet(num_classes)
+    if name in RESNET_DEPTHS:
+        return HFResNet(num_classes, depths=RESNET_DEPTHS[name])
     return HFResNet(num_classes, name_or_path=name)
+
+
+def embedding_dim(name: str) -> int:
+    """The embedding size of a built-in classifier without building it (FedDifRC sizes its targets by it)."""
+    if name == "cnn":
+        return SmallCNN(1).embed_dim
+    if name in RESNET_DEPTHS:
+        return 512
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(name).hidden_sizes[-1])
 
 
 @torch.no_grad()

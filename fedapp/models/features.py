@@ -47,23 +47,34 @@ class UNetFeatureExtractor:
     def dim(self) -> int:
         return sum(self.dims)
 
+    def _cond(self, prompts: list[str] | str | None, cond: torch.Tensor | None) -> torch.Tensor:
+        if cond is not None:
+            return cond
+        prompts = self.prompt if prompts is None else prompts
+        return self.prior.encode_prompts([prompts] if isinstance(prompts, str) else list(prompts))
+
     @torch.no_grad()
-    def features(self, x: torch.Tensor, prompts: list[str] | str | None = None,
-                 cond: torch.Tensor | None = None) -> FeatureOutput:
-        """prompts: one per image or one for all (default: the extractor's prompt); cond: raw (B|1, L, D)."""
-        prior = self.prior
-        if cond is None:
-            prompts = self.prompt if prompts is None else prompts
-            cond = prior.encode_prompts([prompts] if isinstance(prompts, str) else list(prompts))
-        outs: list[list[torch.Tensor]] = [[] for _ in self.up_blocks]
+    def maps(self, x: torch.Tensor, prompts: list[str] | str | None = None, cond: torch.Tensor | None = None):
+        """Yield, per batch of `batch_size` images, the up-blocks' output maps [(b, C_i, h_i, w_i)] in
+        `up_blocks` order. prompts: one per image or one for all (default: the extractor's prompt);
+        cond: raw (B|1, L, D) conditions instead."""
+        prior, cond = self.prior, self._cond(prompts, cond)
         for s in range(0, len(x), self.batch_size):
             xb = x[s:s + self.batch_size]
             cb = cond if cond.shape[0] == 1 else cond[s:s + self.batch_size]
             z0 = prior.encode_images(xb)
             z_t = prior.add_noise(z0, self.noise.expand_as(z0), self.t)
             t = torch.full((len(xb),), self.t, device=prior.device)
-            for k, out in enumerate(prior.decoder_features(z_t, t, prior.condition(cb, len(xb)), self.up_blocks)):
-                outs[k].append(F.adaptive_avg_pool2d(out.float(), 1).flatten(1))
+            yield [m.float() for m in prior.decoder_features(z_t, t, prior.condition(cb, len(xb)), self.up_blocks)]
+
+    @torch.no_grad()
+    def features(self, x: torch.Tensor, prompts: list[str] | str | None = None,
+                 cond: torch.Tensor | None = None) -> FeatureOutput:
+        """The maps of `maps`, each global-average-pooled: (B, sum C_i) and the per-block (B, C_i)."""
+        outs: list[list[torch.Tensor]] = [[] for _ in self.up_blocks]
+        for batch in self.maps(x, prompts, cond):
+            for k, out in enumerate(batch):
+                outs[k].append(F.adaptive_avg_pool2d(out, 1).flatten(1))
         blocks = [torch.cat(o) for o in outs]
         return FeatureOutput(torch.cat(blocks, dim=1), blocks)
 
