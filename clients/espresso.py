@@ -28,6 +28,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from clients.classify import handle_evaluate
 from fedapp.client_context import ClientContext
+from fedapp.progress import track
 from fedapp.protocols import EVALUATE, METRICS_KEY, NUM_EXAMPLES_KEY
 from fedapp.protocols import espresso as P
 
@@ -89,7 +90,7 @@ def learn_conditions(prior, z0: torch.Tensor, owner: torch.Tensor, init: torch.T
     g = torch.Generator().manual_seed(seed)
     z0, owner = z0.to(device, prior.dtype), owner.to(device)
     n, b = len(z0), min(batch, len(z0))
-    for _ in range(steps):
+    for _ in track(range(steps), "condition steps"):
         idx = torch.randint(0, n, (b,), generator=g).to(device)
         t = torch.randint(0, prior.num_train_timesteps, (b,), generator=g).to(device)
         eps = torch.randn(b, *z0.shape[1:], generator=g).to(device, prior.dtype)
@@ -176,7 +177,7 @@ def espresso_upload(prior, x: torch.Tensor, y: torch.Tensor, *, num_classes: int
         t_T = int(prior.timesteps(opts.steps)[0])  # the sampler starts at the first DDIM timestep
         fits = [class_noise_gmm(prior, z0[y == c], t_T=t_T, pairs=opts.mixup_pairs, alpha=opts.mixup_alpha,
                                 times=opts.diffusions_per_latent, components=opts.gmm_components,
-                                seed=seed + 2 + c) for c in classes]
+                                seed=seed + 2 + c) for c in track(classes, "noise GMMs")]
         out["gmm_class"] = torch.tensor(classes, dtype=torch.long)
         for name in ("weights", "means", "variances"):
             out[f"gmm_{name}"] = torch.stack([f[name] for f in fits])

@@ -14,6 +14,7 @@ from flwr.clientapp import ClientApp
 from fedapp import registry
 from fedapp.client_context import ClientContext
 from fedapp.config import RunConfig, parse_run_config
+from fedapp.progress import client_scope, setup_logging
 from fedapp.protocols import CLIENT_KEY, DOMAIN_KEY, FLOWER_CONFIG_KEYS, NUM_PARTITIONS_KEY, PARTITION_KEY, RUN_KEY
 
 
@@ -40,7 +41,9 @@ class Dispatcher:
         mtype = msg.metadata.message_type
         if mtype not in handlers:
             raise ValueError(f"method {cfg.method!r} has no client handler for message type {mtype!r}")
-        content = handlers[mtype](msg, ctx)
+        setup_logging()  # this process' progress lines reach Flower's log stream (fedapp.progress)
+        with client_scope(ctx.partition_id):
+            content = handlers[mtype](msg, ctx)
         who = {PARTITION_KEY: ctx.partition_id, NUM_PARTITIONS_KEY: ctx.num_partitions}
         if "shard" in ctx.__dict__ and isinstance(ctx.shard.meta.get("domain"), str):
             who[DOMAIN_KEY] = ctx.shard.meta["domain"]

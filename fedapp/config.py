@@ -151,11 +151,24 @@ class CommonConfig:
 
 
 @dataclass(frozen=True)
+class LogOptions:
+    """`log.*`: what a run writes besides config.json, metrics.jsonl and summary.json."""
+
+    tensorboard: bool = opt(False, help="also write TensorBoard event files of metrics.jsonl's rows into the run "
+                                        "folder (`tensorboard --logdir <out-dir>`)")
+
+
+# The app's own namespaces, beside the methods' (fedapp.registry): every run has them.
+APP_NAMESPACES: dict[str, type] = {"log": LogOptions}
+
+
+@dataclass(frozen=True)
 class RunConfig:
     common: CommonConfig
     partitioner_params: dict[str, Any]
     options: Any  # the chosen method's options dataclass (or None)
     namespace_values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    log: LogOptions = field(default_factory=LogOptions)
 
     def __getattr__(self, name: str) -> Any:  # cfg.seed, cfg.method, ...
         return getattr(self.common, name)
@@ -257,7 +270,7 @@ def parse_run_config(flat: Mapping[str, Any], methods: Mapping[str, Any] | None 
 
     methods = methods or registry.METHODS
     flat = normalize_keys(flat)
-    spaces_known = registry.namespaces(methods)
+    spaces_known = registry.namespaces(methods) + list(APP_NAMESPACES)
     common_keys = {key_of(n) for n in _field_types(CommonConfig)}
     common, part, spaces = {}, {}, {}
     for key, value in flat.items():
@@ -284,16 +297,14 @@ def parse_run_config(flat: Mapping[str, Any], methods: Mapping[str, Any] | None 
 
     # Validate every namespace given (all are listed in pyproject), keep the chosen one.
     ns_values: dict[str, dict[str, Any]] = {}
-    chosen = None
     chosen_ns = registry.namespace_of(cc.method, methods)
+    objs = {}
     for ns in spaces_known:
-        cls = registry.options_class(ns, methods)
-        obj = build_options(cls, spaces.get(ns, {}), prefix=f"{ns}.")
-        ns_values[ns] = option_values(obj)
-        if ns == chosen_ns:
-            chosen = obj
-    return RunConfig(common=cc, partitioner_params=params, options=chosen,
-                     namespace_values=ns_values)
+        cls = APP_NAMESPACES.get(ns) or registry.options_class(ns, methods)
+        objs[ns] = build_options(cls, spaces.get(ns, {}), prefix=f"{ns}.")
+        ns_values[ns] = option_values(objs[ns])
+    return RunConfig(common=cc, partitioner_params=params, options=objs.get(chosen_ns),
+                     namespace_values=ns_values, log=objs["log"])
 
 
 def check_data(cfg: RunConfig, num_clients: int) -> None:
@@ -326,6 +337,8 @@ def all_defaults(methods: Mapping[str, Any] | None = None) -> dict[str, Any]:
             out.setdefault(f"partitioner.{key}", DEFAULT_PARTITIONER_PARAMS.get(key, default))
     for ns in registry.namespaces(methods):
         out.update(flat_defaults(registry.options_class(ns, methods), prefix=f"{ns}."))
+    for ns, cls in APP_NAMESPACES.items():
+        out.update(flat_defaults(cls, prefix=f"{ns}."))
     return out
 
 

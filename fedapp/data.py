@@ -30,3 +30,13 @@ def all_client_shards(cfg: Any, num_partitions: int) -> list:
     """ORACLE: every client's shard re-derived on the server. Only oracle baselines and the scoring of
     attacks against the truth use it; no federated protocol does."""
     return [client_shard(cfg, pid, num_partitions) for pid in range(num_partitions)]
+
+
+def label_partitioner(cfg: Any, num_partitions: int):
+    """Every client's labels as a flwr-datasets Partitioner, for the run's label-distribution plot. The
+    server derives it from the config as it derives its own split (a shard is a pure function of the
+    config, see above): no client reports its labels for it."""
+    from feddata import label_partitioner as of_config
+
+    return of_config(cfg.dataset, cfg.partitioner, cfg.partitioner_params, cfg.seed, num_partitions,
+                     image_size=cfg.image_size)

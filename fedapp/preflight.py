@@ -115,7 +115,7 @@ def check_nodes(cfg: RunConfig, num_nodes: int) -> None:
 
 
 # Keys a resumed run may change: where it writes and that it resumes.
-RESUME_FREE_KEYS = ("resume", "run-name", "out-dir")
+RESUME_FREE_KEYS = ("resume", "run-name", "out-dir", "log.tensorboard")  # where and what it logs, not what it computes
 
 
 def check_resume(cfg: RunConfig, methods: Mapping[str, Any] | None = None) -> None:

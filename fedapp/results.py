@@ -10,7 +10,7 @@ import os
 import tempfile
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 
 def _jsonable(obj: Any) -> Any:
@@ -92,13 +92,27 @@ class CommLedger:
                 "by_phase": {c: dict(p) for c, p in self.table.items()}}
 
 
-class RunDir:
-    """One run's folder; all writes are atomic."""
+def scalars(row: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
+    """(tag, value) of every number in a metrics row; a nested dict's as `outer/inner`, the grouping
+    TensorBoard shows. Strings, booleans and NaN (written as null) are not scalars."""
+    for key, value in row.items():
+        if isinstance(value, dict):
+            yield from scalars(value, f"{prefix}{key}/")
+        elif isinstance(value, (int, float)) and not isinstance(value, bool):
+            yield prefix + key, value
 
-    def __init__(self, root: str | Path):
+
+class RunDir:
+    """One run's folder; all writes are atomic, except TensorBoard's event files (log.tensorboard),
+    which its writer appends to."""
+
+    def __init__(self, root: str | Path, tensorboard: bool = False):
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self._metrics: list[dict[str, Any]] = []
+        self.tensorboard = tensorboard
+        self._tb: Any = None  # the SummaryWriter, opened with the first row
+        self._purge_step: int | None = None  # a resumed run's first new round
 
     def path(self, *parts: str) -> Path:
         p = self.root.joinpath(*parts)
@@ -115,12 +129,37 @@ class RunDir:
         path = self.root / "metrics.jsonl"
         rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
         self._metrics = [r for r in rows if keep(r)]
+        rounds = [r["round"] for r in self._metrics if "round" in r]
+        # TensorBoard hides the earlier run's events from this step on (those rows were dropped above)
+        self._purge_step = max(rounds) + 1 if rounds else None
 
     def log_metrics(self, record: dict[str, Any]) -> None:
         """Append one line per round/phase; the file is rewritten whole (atomically)."""
-        self._metrics.append(_jsonable(record))
+        row = _jsonable(record)
+        self._metrics.append(row)
         body = "".join(json.dumps(r) + "\n" for r in self._metrics)
         atomic_write_bytes(self.path("metrics.jsonl"), body.encode())
+        if self.tensorboard:
+            self._log_scalars(row)
+
+    def _log_scalars(self, row: dict[str, Any]) -> None:
+        """The row's numbers as TensorBoard scalars: a round row's at step = its round, a phase row's
+        (one-shot methods) as `<phase>/<metric>` at step = its line number in metrics.jsonl."""
+        if self._tb is None:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tb = SummaryWriter(log_dir=str(self.root), purge_step=self._purge_step)
+        step = row["round"] if "round" in row else len(self._metrics) - 1
+        prefix = f"{row['phase']}/" if "round" not in row and "phase" in row else ""
+        for tag, value in scalars({k: v for k, v in row.items() if k != "round"}, prefix):
+            self._tb.add_scalar(tag, value, step)
+        self._tb.flush()  # an operator's TensorBoard sees each round as it ends
+
+    def close(self) -> None:
+        """Close the TensorBoard writer, if one is open."""
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = None
 
     @property
     def metrics(self) -> list[dict[str, Any]]:
@@ -152,6 +191,27 @@ class RunDir:
         p = self.save_figure(fig, name)
         plt.close(fig)
         return p
+
+    def plot_label_distribution(self, partitioner: Any, name: str = "label_distribution.png",
+                                max_clients: int = 50) -> tuple[Path, Any]:
+        """Images per class and client, with flwr-datasets' plot_label_distributions, of a flwr-datasets
+        partitioner over a `label` column (fedapp.data.label_partitioner); returns the file and the counts
+        (a DataFrame: a row per client, a column per class). Past max_clients, the first ones are drawn."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+        from flwr_datasets.visualization import plot_label_distributions
+
+        n = partitioner.num_partitions
+        shown = f"first {max_clients} of {n} clients" if n > max_clients else f"{n} clients"
+        fig, _, counts = plot_label_distributions(
+            partitioner, "label", max_num_partitions=max_clients, legend=True, legend_title="class",
+            title=f"Images per class and client ({shown}; train + test)",
+            figsize=(min(3 + 0.35 * min(n, max_clients), 16), 4))
+        p = self.save_figure(fig, name)
+        plt.close(fig)
+        return p, counts
 
     def plot_accuracy(self, name: str = "accuracy.png") -> Path | None:
         """Accuracy per round from metrics.jsonl (global and mean client test accuracy)."""

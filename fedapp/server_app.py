@@ -5,14 +5,15 @@ from __future__ import annotations
 import logging
 import time
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
 from fedapp import registry
-from fedapp.config import ConfigError, check_data, parse_run_config
+from fedapp.config import ConfigError, RunConfig, check_data, parse_run_config
 from fedapp.preflight import preflight
+from fedapp.progress import setup_logging
 from fedapp.results import RunDir
 from fedapp.server import MeteredGrid, ServerRun, wait_for_nodes
 from fedapp.server.checkpoint import load_checkpoint
@@ -21,24 +22,16 @@ log = logging.getLogger("fedapp")
 app = ServerApp()
 
 
-def _setup_logging() -> None:
-    if not log.handlers:
-        h = logging.StreamHandler()
-        h.setFormatter(logging.Formatter("%(levelname)s fedapp: %(message)s"))
-        log.addHandler(h)
-        log.setLevel(logging.INFO)
-        log.propagate = False
-
-
 def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
     """Validate the config, run the chosen strategy, write the run folder; return the summary.
 
     summary.json exists from the start with status "running", then says "completed" or "failed"
     (with the error), so a run that stopped early is never mistaken for one in progress."""
-    _setup_logging()
+    setup_logging()
     cfg = parse_run_config(flat_config)  # a user error stops here, before any client work
     preflight(cfg)  # out-dir, prior, model: before the run folder or any node
-    out = RunDir(Path(cfg.resume) if cfg.resume else Path(cfg.out_dir) / cfg.resolved_run_name)
+    out = RunDir(Path(cfg.resume) if cfg.resume else Path(cfg.out_dir) / cfg.resolved_run_name,
+                 tensorboard=cfg.log.tensorboard)
     run = ServerRun(cfg=cfg, out=out, device=cfg.torch_device())
     if cfg.resume:
         run.resume_from = load_checkpoint(out.root)
@@ -82,21 +75,31 @@ def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
             summary["privacy"] = strategy.privacy
         out.write_json("comm.json", {"totals": summary["comm"], "by_phase": run.ledger.as_dict()["by_phase"]})
         out.write_json("summary.json", summary)
-        write_run_figures(out, summary)
+        out.close()
+        write_run_figures(out, summary, cfg)
         log.info("summary written to %s", out.path("summary.json"))
     return summary
 
 
-def write_run_figures(out: RunDir, summary: Mapping[str, Any]) -> None:
-    """plots/phases.png (wall time per phase) and report.md: every run folder has both. A figure that
-    cannot be drawn is logged, never the reason a run fails."""
+def _draw(what: str, draw: Callable[[], Any]) -> None:
+    """A figure that cannot be drawn is logged, never the reason a run fails."""
+    try:
+        draw()
+    except Exception as err:  # noqa: BLE001 - the results themselves are already written
+        log.warning("could not write %s: %s: %s", what, type(err).__name__, err)
+
+
+def write_run_figures(out: RunDir, summary: Mapping[str, Any], cfg: RunConfig) -> None:
+    """plots/phases.png (wall time per phase), plots/label_distribution.png (images per class and
+    client) and report.md: every run folder has them."""
+    from fedapp.data import label_partitioner
     from fedapp.report import write_report
 
-    try:
-        out.plot_phases(summary.get("phase_seconds") or {})
-        write_report(out.root)
-    except Exception as err:  # noqa: BLE001 - the results themselves are already written
-        log.warning("could not write the run's figures: %s: %s", type(err).__name__, err)
+    _draw("plots/phases.png", lambda: out.plot_phases(summary.get("phase_seconds") or {}))
+    if summary.get("num_clients"):
+        _draw("plots/label_distribution.png",
+              lambda: out.plot_label_distribution(label_partitioner(cfg, summary["num_clients"])))
+    _draw("report.md", lambda: write_report(out.root))  # last: it links every figure
 
 
 @app.main()

@@ -6,7 +6,7 @@ disjoint from every client. Named `feddata`, not `datasets`, so as not to shadow
 Face `datasets`, which flwr-datasets imports.
 """
 
-from .api import load_client_shard, load_server_data, validate
+from .api import label_partitioner, load_client_shard, load_server_data, validate
 from .builtin import COLORS, DIGIT_NAMES, DOMAINS, with_attribute
 from .partition import PARTITIONER_PARAMS, PARTITIONERS, resolve_params
 from .sources import DATASETS, base_split, dataset_info, native_size
@@ -25,6 +25,7 @@ __all__ = [
     "Split",
     "base_split",
     "dataset_info",
+    "label_partitioner",
     "load_client_shard",
     "load_server_data",
     "native_size",

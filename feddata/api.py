@@ -63,6 +63,13 @@ def _train_test(rows, labels, test_fraction, cap, rng) -> tuple[np.ndarray, np.n
     return train, test
 
 
+def _shard_rows(a: Assignment, b, seed: int, pid: int, test_fraction: float) -> tuple[np.ndarray, np.ndarray]:
+    """Base-table rows of client pid's train and test splits."""
+    rows = a.rows[pid]
+    rng = np.random.default_rng(np.random.SeedSequence([seed, pid, 11]))
+    return _train_test(rows, b.y[rows], test_fraction, a.train_caps[pid], rng)
+
+
 def load_client_shard(
     dataset: str,
     partitioner: str,
@@ -79,9 +86,7 @@ def load_client_shard(
     if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) or not 0 <= test_fraction < 1:
         raise config_error("test-fraction", test_fraction, "must be a number in [0, 1)")
     b = load_base(dataset, image_size)
-    rows = a.rows[pid]
-    rng = np.random.default_rng(np.random.SeedSequence([seed, pid, 11]))
-    train, test = _train_test(rows, b.y[rows], float(test_fraction), a.train_caps[pid], rng)
+    train, test = _shard_rows(a, b, seed, pid, float(test_fraction))
     meta = {
         **a.client_meta[pid],
         "partition_id": pid,
@@ -106,3 +111,15 @@ def load_server_data(
     meta = {**a.server_meta, "partitioner": partitioner, "params": p, "num_public": int(len(public)),
             "num_test": int(len(parts["test"]))}
     return ServerData(b.split(public), b.split(parts["test"]), b.info, meta)
+
+
+def label_partitioner(dataset: str, partitioner: str, params: dict, seed: int, num_partitions: int,
+                      image_size: int | None = None, test_fraction: float = 0.2):
+    """Every client's shard (train + test rows, as load_client_shard draws them) as a flwr-datasets
+    Partitioner over a `label` column, for flwr_datasets.metrics and flwr_datasets.visualization."""
+    from .assigned import AssignedPartitioner
+
+    _, a, image_size = _resolve(dataset, partitioner, params, seed, num_partitions, image_size)
+    b = load_base(dataset, image_size)
+    rows = [np.concatenate(_shard_rows(a, b, seed, pid, test_fraction)) for pid in range(num_partitions)]
+    return AssignedPartitioner.of_labels(b.y, b.info.class_names, rows)

@@ -23,3 +23,20 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture
+def fedapp_log(caplog):
+    """caplog on the "fedapp" logger, which stops propagating to the root (caplog's) once a server or a
+    client set it up (fedapp.progress.setup_logging); records are caught here once either way."""
+    import logging
+
+    logger = logging.getLogger("fedapp")
+    level, propagate = logger.level, logger.propagate
+    logger.addHandler(caplog.handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False
+    yield caplog
+    logger.removeHandler(caplog.handler)
+    logger.setLevel(level)
+    logger.propagate = propagate

@@ -33,6 +33,8 @@ CASES = [
     ({"run-name": "../../x"}, "run-name='../../x': must be a plain folder name"),
     ({"run-name": "a/b"}, "run-name='a/b': must be a plain folder name"),
     ({"bogus-key": 1}, "bogus-key=1: unknown key"),
+    ({"log.tensorboard": "yes"}, "log.tensorboard='yes': must be of type bool"),
+    ({"log.bogus": 1}, "log.bogus=1: unknown key; allowed: log.tensorboard"),
     ({"partitioner.name": "nope"}, "partitioner.name='nope': must be one of"),
     ({"partitioner.name": "dirichlet", "partitioner.alpha": -1.0}, "partitioner.alpha"),
     ({"partitioner.bogus": 1}, "partitioner.bogus=1: unknown key"),

@@ -115,6 +115,19 @@ def test_learned_condition_lowers_the_diffusion_loss_of_its_cluster(prior, shard
     assert loss(learned) < loss(init) - 0.01
 
 
+def test_condition_learning_reports_its_progress_for_its_client(prior, shard, fedapp_log, monkeypatch):
+    """Flower's log stream carries `client K: condition steps i/n, S s`, about every tenth of the steps."""
+    from fedapp import progress
+
+    monkeypatch.setattr(progress, "EVERY_SECONDS", float("inf"))  # the count rule only: a loaded machine adds none
+    z0 = prior.encode_images(shard.train.x[:4])
+    init = prior.encode_prompts(["a digit"])
+    with progress.client_scope(2):
+        client.learn_conditions(prior, z0, torch.zeros(4, dtype=torch.long), init, steps=20, lr=0.05, batch=4, seed=0)
+    lines = [r.getMessage().rsplit(",", 1)[0] for r in fedapp_log.records]
+    assert lines == [f"client 2: condition steps {i}/20" for i in range(2, 21, 2)]
+
+
 # ---- the GMM of z^T -------------------------------------------------------------------------------------
 def test_gmm_samples_match_the_fitted_moments():
     g = torch.Generator().manual_seed(0)
@@ -306,7 +319,7 @@ class _HandlerGrid(InProcessGrid):
         return reply
 
 
-def test_a_node_that_lacks_a_folder_prior_is_recorded_and_the_run_goes_on(tmp_path, prior_dir):
+def test_a_node_that_lacks_a_folder_prior_is_recorded_and_the_run_goes_on(tmp_path, prior_dir, fedapp_log):
     """A folder prior is never shipped: a node without it fails with one line, the others go on."""
     cfg = {"method": "espresso", "dataset": DATASET, "partitioner.name": "domain", "partitioner.per-class": 2,
            "prior": str(prior_dir), "min-clients": 1, "out-dir": str(tmp_path), **FAST}
@@ -319,6 +332,10 @@ def test_a_node_that_lacks_a_folder_prior_is_recorded_and_the_run_goes_on(tmp_pa
     assert sorted(metrics["upload_bytes_per_client"]) == ["0"]
     [failure] = s.run.failures
     assert failure["phase"] == "train" and "this node cannot load prior='/nonexistent/prior'" in failure["reason"]
+    # the client that worked reported its phases through the log, labelled by the ClientApp with its partition
+    said = [r.getMessage() for r in fedapp_log.records]
+    assert any(m.startswith("client 0: condition steps 3/3, ") for m in said)
+    assert any(m.startswith("client 0: noise GMMs ") for m in said) and not any("client 1:" in m for m in said)
 
 
 def test_prompts_baseline_clients_upload_class_counts_only_and_need_no_prior(tmp_path, prior_dir):

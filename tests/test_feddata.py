@@ -254,6 +254,22 @@ def test_partitions_disjoint_and_cover_pool(dataset, partitioner, params, n):
     assert_disjoint_cover([rows_of(s) for s in ss], fd.base_split(dataset)["pool"])
 
 
+@pytest.mark.parametrize("per_class", [0, 5])
+def test_label_partitioner_counts_each_clients_shard(per_class):
+    """What the run's label-distribution plot counts: each client's train + test labels, exactly as its
+    shard has them; without a per-class cap the clients hold the whole client pool."""
+    from flwr_datasets.metrics import compute_counts
+
+    params = {"alpha": 0.5, "per-class": per_class}
+    counts = compute_counts(fd.label_partitioner("digits", "dirichlet", params, 0, 4), "label").to_numpy()
+    ss = shards("digits", "dirichlet", params, 4)
+    assert counts.shape == (4, 10)
+    for row, s in zip(counts, ss):
+        assert row.tolist() == np.bincount(np.concatenate([s.train.y, s.test.y]), minlength=10).tolist()
+    if per_class == 0:
+        assert counts.sum() == len(fd.base_split("digits")["pool"])
+
+
 def test_client_train_test_split_is_stratified():
     s = fd.load_client_shard("digits", "iid", {}, 0, 0, 2, test_fraction=0.25)
     for c in range(10):
