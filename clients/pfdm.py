@@ -69,12 +69,22 @@ def split_steps(steps: int, t0: int, T: int = 1000) -> tuple[int, int]:
     return k_shared, max(1, steps - k_shared)
 
 
+def shared_sample(shared: DDPM, y: torch.Tensor, t0: int, mode: str, steps: int, generator: torch.Generator):
+    """An x_t0 from z_w, run from T down to the lowest level it learnt (P.shared_objective): t0 in relative
+    mode; 0 in algorithm2 mode, whose data are the uploads x~, so its output already is at level t0 (and its
+    x0 estimate is not clamped to [-1, 1], which x~ is not confined to)."""
+    (lowest, _), _ = P.shared_objective(mode, t0, shared.T)
+    return shared.sample(len(y), y, t_start=shared.T, t_end=lowest, steps=steps, generator=generator,
+                         clip_x0=mode == "relative")
+
+
 @torch.no_grad()
-def personalised_sample(shared: DDPM, private: DDPM, y: torch.Tensor, t0: int, steps: int, seed: int) -> torch.Tensor:
-    """Algorithm 2: x_t0 ~ z_w(T -> t0), then x_0 ~ z_theta_m(t0 -> 0 | flag = unclipped)."""
+def personalised_sample(shared: DDPM, private: DDPM, y: torch.Tensor, t0: int, steps: int, seed: int,
+                        shared_mode: str = "relative") -> torch.Tensor:
+    """Algorithm 2: x_t0 ~ z_w (shared_sample), then x_0 ~ z_theta_m(t0 -> 0 | flag = unclipped)."""
     g = torch.Generator().manual_seed(seed)
     k_shared, k_private = split_steps(steps, t0, shared.T)
-    x_t0 = shared.sample(len(y), y, t_start=shared.T, t_end=t0, steps=k_shared, generator=g)
+    x_t0 = shared_sample(shared, y, t0, shared_mode, k_shared, g)
     flag = torch.full((len(y),), UNCLIPPED)
     return private.sample(len(y), y, flag, t_start=t0, t_end=0, x_start=x_t0, steps=k_private, generator=g)
 
@@ -131,7 +141,7 @@ def handle_sample(msg: Message, ctx: ClientContext) -> RecordDict:
     shared.load_state_dict(msg.content.array_records[P.SHARED_KEY].to_torch_state_dict())
     private = _private_model(ctx, t0)
     y = balanced_labels(o.samples, shard.info.num_classes)
-    x = personalised_sample(shared.eval(), private, y, t0, o.sample_steps, ctx.seed_for(3))
+    x = personalised_sample(shared.eval(), private, y, t0, o.sample_steps, ctx.seed_for(3), o.shared)
     x_alone = private_only_sample(_reference_model(ctx, private, t0), y, o.sample_steps, ctx.seed_for(3))
     return RecordDict({P.SAMPLES_KEY: ArrayRecord({P.X: x, P.Y: y, P.PRIVATE_ONLY: x_alone})})
 

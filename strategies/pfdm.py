@@ -6,8 +6,9 @@ Protocol (phases, record keys, upload validation): fedapp/protocols/pfdm.py.
    D~_m = {(sqrt(abar_t0) CLIP(x, C) + sqrt(1 - abar_t0) z, y)} (clients/pfdm.py, fedapp/privacy.py).
    The server checks keys, shapes, dtypes, finiteness and |x| == |y| (P.validate_upload) and drops a
    bad upload.
-2. The server trains z_w on the union of the D~_m for the levels (t0, T] only: Gaussian noise -> the
-   mixture of the clients' noised images (DDPM.loss with source_t = t0: the uploads are already x_t0).
+2. The server trains z_w on the union of the D~_m: Gaussian noise -> the mixture of the clients' noised
+   images. pfdm.shared = relative: levels (t0, T] only (DDPM.loss with source_t = t0: the uploads are
+   already x_t0); algorithm2: a standard DDPM over (0, T] whose data are the uploads (P.shared_objective).
 3. `query.sample`: z_w goes to every client, which samples shared T -> t0 then private t0 -> 0 and
    returns the samples for scoring (an evaluation step, not part of the protocol).
 Evaluation (strategies/generation_eval.py: GenerationEval): Frechet distance on reference-classifier
@@ -49,12 +50,13 @@ class PFDMStrategy(PhasedStrategy):
         self.privacy = privacy_record(self.t0, o.clip, o.delta, o.accountant)
 
     def train_shared(self, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> DDPM:
-        """z_w on the uploads only, levels (t0, T]: the uploads are x_t0 (DDPM.loss source_t)."""
+        """z_w on the uploads only, with the objective pfdm.shared names (P.shared_objective)."""
         cfg, o = self.run.cfg, self.run.cfg.options
         torch.manual_seed(cfg.seed)
         shared = build_ddpm(cfg.image_size, num_classes, flag=False, channels=o.channels)
+        t_range, source_t = P.shared_objective(o.shared, self.t0, shared.T)
         loss = train_ddpm(shared, x, y, steps=o.shared_steps, batch=o.batch, lr=o.lr, seed=cfg.seed,
-                          t_range=(self.t0, shared.T), source_t=self.t0, device=self.run.device)
+                          t_range=t_range, source_t=source_t, device=self.run.device)
         self.run.out.log_metrics({"phase": "shared", "loss": loss, "num_uploads": len(x)})
         return shared.cpu()
 
@@ -115,26 +117,34 @@ class PFDMStrategy(PhasedStrategy):
         g = torch.Generator().manual_seed(cfg.seed + 7)
         x_up, y_up = self.union(uploads)
         n = min(o.attack_samples, len(x_up), len(ev.server.test))
-        # MIA on z_w: members = uploads, non-members = held-out test images released the same way
+        # MIA on z_w: members = uploads, non-members = held-out test images released the same way; the
+        # score is z_w's own training loss
         mi = torch.randperm(len(x_up), generator=g)[:n]
         ni = torch.randperm(len(ev.server.test), generator=g)[:n]
         x_non = privatize(ev.server.test.x[ni], o.clip, self.t0, g)
-        t_range = (self.t0, shared.T)
-        out = mia_figures(loss_scores(shared, x_up[mi], y_up[mi], t_range, cfg.seed, source_t=self.t0),
-                          loss_scores(shared, x_non, ev.server.test.y[ni], t_range, cfg.seed + 1, source_t=self.t0))
+        t_range, source_t = P.shared_objective(o.shared, self.t0, shared.T)
+        out = mia_figures(loss_scores(shared, x_up[mi], y_up[mi], t_range, cfg.seed, source_t=source_t),
+                          loss_scores(shared, x_non, ev.server.test.y[ni], t_range, cfg.seed + 1, source_t=source_t))
 
         shards = all_client_shards(cfg, num_partitions)  # EVALUATION ORACLE (the truth to score against)
-        # memorisation: z_w's own generations (T -> t0, then its x0 estimate) vs every client's training image
+        # memorisation: z_w's own generations vs every client's training image
         y_gen = torch.arange(n) % ev.num_classes
-        x_t0 = shared.sample(n, y_gen, t_start=shared.T, t_end=self.t0 + 1, steps=o.sample_steps // 2,
-                             generator=torch.Generator().manual_seed(cfg.seed + 8))
-        a = shared.abar[self.t0 + 1]
-        with torch.no_grad():
-            x0_hat = ((x_t0 - (1 - a).sqrt() * shared.eps(x_t0, self.t0 + 1, y_gen)) / a.sqrt()).clamp(-1, 1)
+        x0_hat = self.shared_generation(shared, y_gen, torch.Generator().manual_seed(cfg.seed + 8))
         out.update({f"shared_{k}": v for k, v in memorisation(x0_hat, torch.cat([s.train.x for s in shards])).items()})
         ev.save_grid(x0_hat, y_gen, "shared_only_x0.png")
         out.update(self.reconstruction(ev, uploads, shards))
         return out
+
+    @torch.no_grad()
+    def shared_generation(self, shared: DDPM, y: torch.Tensor, g: torch.Generator) -> torch.Tensor:
+        """What z_w alone yields. relative: sampled T -> t0 + 1, then its one-step x0 estimate; algorithm2: its
+        samples as they are, x~-like (unit-normalised by `memorisation`, so the sqrt(abar_t0) scale is moot)."""
+        o = self.run.cfg.options
+        if o.shared == "algorithm2":
+            return shared.sample(len(y), y, steps=o.sample_steps // 2, generator=g, clip_x0=False)
+        x_t = shared.sample(len(y), y, t_start=shared.T, t_end=self.t0 + 1, steps=o.sample_steps // 2, generator=g)
+        a = shared.abar[self.t0 + 1]
+        return ((x_t - (1 - a).sqrt() * shared.eps(x_t, self.t0 + 1, y)) / a.sqrt()).clamp(-1, 1)
 
     def reconstruction(self, ev: GenerationEval, uploads: dict, shards: list) -> dict[str, float]:
         """Reconstruction attempt: a denoiser trained by the server on its public data (clipped, levels

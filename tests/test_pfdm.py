@@ -278,18 +278,10 @@ def test_two_runs_with_one_seed_differ_in_the_upload_noise_and_nothing_else(tmp_
 @pytest.mark.parametrize("mode", ["below-t0", "all"])
 def test_private_denoiser_trains_only_on_the_levels_pfdm_samples_it_on(monkeypatch, mode):
     from clients.pfdm import private_levels, train_private_denoiser
-    from fedapp.models.ddpm import DDPM
     from fedapp.protocols.pfdm import PFDMOptions
 
     t0 = 693
-    seen = []
-    eps = DDPM.eps
-
-    def recording_eps(self, x_t, t, *args, **kwargs):  # every level the network is trained on
-        seen.append(torch.as_tensor(t).flatten())
-        return eps(self, x_t, t, *args, **kwargs)
-
-    monkeypatch.setattr(DDPM, "eps", recording_eps)
+    seen = record_levels(monkeypatch)  # every level the network is trained on
     o = PFDMOptions(local_steps=20, batch=64, channels="8,16", private_levels=mode)
     x, y = torch.rand(32, 3, 8, 8) * 2 - 1, torch.arange(32) % 4
     train_private_denoiser(x, y, o, 8, 4, t0, seed=0)
@@ -301,3 +293,64 @@ def test_private_denoiser_trains_only_on_the_levels_pfdm_samples_it_on(monkeypat
         assert t.max() > t0 and private_levels(mode, t0, 1000) == (0, 1000)
     with pytest.raises(ValueError, match="below-t0, all"):
         private_levels("below_t0", t0, 1000)
+
+
+def record_levels(monkeypatch) -> list:
+    """Every level DDPM.eps is called at, from now on (training draws and sampling steps alike)."""
+    from fedapp.models.ddpm import DDPM
+
+    seen, eps = [], DDPM.eps
+
+    def recording_eps(self, x_t, t, *args, **kwargs):
+        seen.append(torch.as_tensor(t).flatten())
+        return eps(self, x_t, t, *args, **kwargs)
+
+    monkeypatch.setattr(DDPM, "eps", recording_eps)
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["algorithm2", "relative"])
+def test_shared_denoiser_objective_and_sampling_range(monkeypatch, mode):
+    from types import SimpleNamespace
+
+    from clients.pfdm import shared_sample
+    from fedapp.models.ddpm import DDPM
+    from fedapp.protocols.pfdm import PFDMOptions
+    from strategies.pfdm import PFDMStrategy
+
+    t0 = 693
+    calls = []
+    loss = DDPM.loss
+
+    def recording_loss(self, x0, *args, **kwargs):
+        calls.append((x0, kwargs["t_range"], kwargs["source_t"]))
+        return loss(self, x0, *args, **kwargs)
+
+    monkeypatch.setattr(DDPM, "loss", recording_loss)
+    seen = record_levels(monkeypatch)
+    strategy = PFDMStrategy.__new__(PFDMStrategy)  # train_shared alone: no grid, no clients
+    strategy.t0 = t0
+    strategy.run = SimpleNamespace(device="cpu", out=SimpleNamespace(log_metrics=lambda m: None),
+                                   cfg=SimpleNamespace(seed=0, image_size=8, options=PFDMOptions(
+                                       shared_steps=20, batch=64, channels="8,16", shared=mode)))
+    x_up, y_up = privatize(torch.rand(64, 3, 8, 8) * 2 - 1, 10.0, t0), torch.arange(64) % 4
+    shared = strategy.train_shared(x_up, y_up, 4)
+    trained = torch.cat(seen)
+    assert len(calls) == 20 and all(((c[0][:, None] == x_up[None]).flatten(2).all(2).any(1)).all() for c in calls)
+    if mode == "algorithm2":  # a standard DDPM on x~: every level (0, T], the plain eps target
+        assert {(c[1], c[2]) for c in calls} == {((0, 1000), None)}
+        assert trained.min() <= t0 < trained.max()
+        g, x, y = torch.Generator().manual_seed(1), x_up[:8], y_up[:8]
+        t = torch.randint(1, 1001, (8,), generator=g)
+        noise = torch.randn(x.shape, generator=g)
+        want = torch.nn.functional.mse_loss(shared.eps(shared.add_noise(x, noise, t), t, y), noise)
+        assert torch.allclose(loss(shared, x, y, t_range=(0, 1000), generator=torch.Generator().manual_seed(1)), want)
+    else:  # levels above t0 only, the uploads taken as x_t0
+        assert {(c[1], c[2]) for c in calls} == {((t0, 1000), t0)} and trained.min() > t0
+
+    seen.clear()
+    x_t0 = shared_sample(shared, torch.arange(6) % 4, t0, mode, 10, torch.Generator().manual_seed(2))
+    sampled = torch.cat(seen)
+    assert x_t0.shape == (6, 3, 8, 8) and sampled.max() == 1000
+    # algorithm2 runs z_w over all T levels (its output is an x~); relative stops at t0
+    assert (sampled.min() < t0) if mode == "algorithm2" else (sampled.min() > t0)

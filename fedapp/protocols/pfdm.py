@@ -35,6 +35,16 @@ STATE_PRIVATE = "pfdm.private"  # node state, never sent: the private denoiser's
 X, Y = "x", "y"  # images (N, C, H, W) and their integer class labels (N,)
 PRIVATE_ONLY = "private_only"  # SAMPLES_KEY of pfdm: the private denoiser's own samples T -> 0, for the same Y
 PRIVATE_LEVELS = ("below-t0", "all")  # pfdm.private-levels: (0, t0] or (0, T]
+SHARED_MODES = ("relative", "algorithm2")  # pfdm.shared: what z_w models (shared_objective)
+
+def shared_objective(mode: str, t0: int, T: int) -> tuple[tuple[int, int], int | None]:
+    """(t_range, source_t) of z_w's DDPM.loss. relative: levels (t0, T] of the clean data, with the uploads
+    taken as x_t0 (the re-scaled target); algorithm2: a standard DDPM whose data are the uploads x~,
+    levels (0, T] (Algorithm 2: sampled for all T steps, its output is an x~ for the private model at t0)."""
+    if mode not in SHARED_MODES:
+        raise ValueError(f"pfdm.shared={mode!r}: must be one of {', '.join(SHARED_MODES)}")
+    return ((t0, T), t0) if mode == "relative" else ((0, T), None)
+
 
 def within_shard(content: RecordDict, facts: ShardFacts) -> str | None:
     """One released image per training image of the shard: labels per class at most the shard's,
@@ -75,6 +85,10 @@ class PFDMOptions:
                                    "PFDM samples it on (Algorithm 2), so the whole budget goes there; all = (0, T] "
                                    "(the tables measured before this option). The private-only reference is "
                                    "always a private model trained on all levels")
+    shared: str = opt("relative", choices=SHARED_MODES,
+                      help="z_w: relative = levels (t0, T] of the clean data with the uploads as x_t0 (a re-scaled "
+                           "eps target), sampled T -> t0; algorithm2 = the paper's Algorithm 2, a standard DDPM "
+                           "trained on the uploads x~ as its data and sampled for all T levels")
     shared_steps: int = opt(300, low=1, help="steps of the server's shared denoiser (centralized-ddpm: its model)")
     batch: int = opt(64, low=1)
     lr: float = opt(2e-3, low=0.0, low_open=True, help="Adam learning rate of every denoiser")
