@@ -185,11 +185,17 @@ def test_shared_basis_is_fitted_on_the_public_split_only(prior_dir, monkeypatch)
     assert not torch.allclose(ca.basis.components[0], cb.basis.components[0])
 
 
-def test_targets_shapes_labels_and_self_supervised_positive(prior_dir):
+def test_targets_shapes_labels_and_self_supervised_positive(prior_dir, fedapp_log):
+    from fedapp.progress import client_scope
+
     ctx = _ctx(prior_dir, pid=0)
-    t = fd.compute_targets(ctx)
+    with client_scope(0):
+        t = fd.compute_targets(ctx)
     n, K, D = len(ctx.shard.train), len(ctx.shard.info.class_names), 128
     assert t.F.shape == (n, K, D) and t.H.shape == (n, D) and torch.equal(t.pos, ctx.shard.train.y)
+    # progress in Flower's log stream: a line per prompt (K class prompts + NDCR's; a tenth of 11 is under one)
+    said = [r.getMessage().rsplit(",", 1)[0] for r in fedapp_log.records if "target prompts" in r.getMessage()]
+    assert said == [f"client 0: target prompts {i}/{K + 1}" for i in range(1, K + 2)]
     ss = fd.compute_targets(_ctx(prior_dir, pid=2, **{"feddifrc.labels": False}))
     assert ss.F.shape[1] == K + 1 and (ss.pos == 0).all()
 
