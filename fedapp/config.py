@@ -129,7 +129,7 @@ class CommonConfig:
     seed: int = opt(0, low=0)
     out_dir: str = opt("runs", help="results land in <out-dir>/<run-name>/")
     run_name: str = opt("", help="empty: <method>-<dataset>-<partitioner>-s<seed>-<time>")
-    model: str = opt("cnn", help="classifier: cnn, resnet18, or a transformers ResNet id/folder")
+    model: str = opt("cnn", help="classifier: cnn, resnet10, resnet18, or a transformers ResNet id/folder")
     image_size: int | str = opt(AUTO, auto=True, low=8, high=512,
                                 help="pixels per side; auto: the prior's size for methods with a prior, else the "
                                      "dataset's native size")
@@ -139,6 +139,9 @@ class CommonConfig:
     batch_size: int = opt(16, low=1)
     device: str = opt("auto", help="auto (CUDA when available), cpu, cuda, cuda:N")
     min_clients: int = opt(2, low=1, help="wait for this many nodes; a phase goes on while this many reply")
+    fraction_train: float = opt(1.0, low=0.0, low_open=True, high=1.0,
+                                help="round-based methods: share of the connected nodes Flower's FedAvg samples "
+                                     "for each training round (at least min-clients)")
     prior: str = opt("tiny", help="diffusion prior: tiny, a HF id or a local folder")
     round_timeout: float = opt(3600.0, low=0.0, low_open=True)
     node_timeout: float = opt(600.0, low=0.0, low_open=True, help="seconds the server waits for min-clients nodes")
