@@ -15,7 +15,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedapp.client_context import ClientContext
 from fedapp.models.compose import (attribute_labels, build_velocity, ci_penalty, mask_labels, pair_counts,
-                                   peer_ci_penalty, route_valid, sample_route)
+                                   peer_ci_penalty, sample_route)
 from fedapp.models.flow import VelocityNet, sample_path, target_velocity
 from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY, ROUND_KEY, RUN_KEY
 from fedapp.protocols import dcfm as P
@@ -24,9 +24,12 @@ from fedapp.protocols import dcfm as P
 def train_expert(model: VelocityNet, x: torch.Tensor, y: torch.Tensor, *, steps: int, batch: int, lr: float,
                  pi: tuple[float, float, float], lambda_ci: float, seed: int, device: str = "cpu",
                  peers: dict[int, Callable] | None = None, self_index: int = 0,
-                 peer_counts: dict[int, torch.Tensor] | None = None) -> dict[str, float]:
+                 peer_counts: dict[int, torch.Tensor] | None = None, routes_per_batch: int = 1,
+                 route_mask: bool = True) -> dict[str, float]:
     """L = L_FM(y ⊙ m) + lambda * L_CI (Stage I, eq. 11), or + lambda * L_peerCI when peers are given
-    (variant A). lambda_ci = 0 is plain masked conditional flow matching (the baselines)."""
+    (variant A: `routes_per_batch` routing vectors per step; `route_mask` leaves out routes to experts
+    that never saw the value, judged by `peer_counts`). lambda_ci = 0 is plain masked conditional flow
+    matching (the baselines)."""
     gen = torch.Generator().manual_seed(seed)
     model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
@@ -43,10 +46,10 @@ def train_expert(model: VelocityNet, x: torch.Tensor, y: torch.Tensor, *, steps:
         loss, ci = fm, torch.zeros(())
         if lambda_ci > 0:
             if peers:
-                pos = sample_route(len(ids), yb.shape[1], ids.index(self_index), gen)
-                route = [ids[j] for j in pos]
-                valid = route_valid(route, yb.cpu(), peer_counts or {}).to(device)
-                ci = peer_ci_penalty(model, peers, self_index, x_t, t, yb, route, valid)
+                routes = [[ids[j] for j in sample_route(len(ids), yb.shape[1], ids.index(self_index), gen)]
+                          for _ in range(routes_per_batch)]
+                counts = (peer_counts or {}) if route_mask else None
+                ci = peer_ci_penalty(model, peers, self_index, x_t, t, yb, routes, counts)
             else:
                 ci = ci_penalty(model, x_t, t, yb)
             loss = fm + lambda_ci * ci
@@ -100,7 +103,7 @@ def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
     if ARRAYS_KEY in msg.content.array_records:
         _load(model, msg.content.array_records[ARRAYS_KEY])
     stats = train_expert(model, x, y, steps=steps, batch=ctx.cfg.batch_size, lr=opts.lr,
-                         pi=(opts.pi_full, opts.pi_marg, opts.pi_uncond), lambda_ci=lam,
+                         pi=opts.pi, lambda_ci=lam,
                          seed=ctx.seed_for(rnd, 1), device=ctx.device)
     if ctx.state is not None:
         ctx.state[P.STATE_EXPERT] = ArrayRecord(model.cpu().state_dict())
@@ -128,9 +131,10 @@ def handle_peer(msg: Message, ctx: ClientContext) -> RecordDict:
     counts[ctx.partition_id] = pair_counts(y, sizes)
     rnd = int(msg.content.config_records[RUN_KEY].get(ROUND_KEY, 0))
     stats = train_expert(own, x, y, steps=opts.peer_steps, batch=ctx.cfg.batch_size, lr=opts.lr,
-                         pi=(opts.pi_full, opts.pi_marg, opts.pi_uncond), lambda_ci=opts.lambda_ci,
+                         pi=opts.pi, lambda_ci=opts.lambda_ci,
                          seed=ctx.seed_for(rnd, 2), device=ctx.device, peers=peers,
-                         self_index=ctx.partition_id, peer_counts=counts)
+                         self_index=ctx.partition_id, peer_counts=counts,
+                         routes_per_batch=opts.routes_per_batch, route_mask=opts.route_mask)
     ctx.state[P.STATE_EXPERT] = ArrayRecord(own.cpu().state_dict())
     return _reply(own, counts[ctx.partition_id], stats, len(x))
 

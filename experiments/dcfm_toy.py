@@ -1,13 +1,16 @@
 """The DCFM paper's 2-D toy: a Gaussian mixture with a horizontal (left/right) and a vertical (down/up)
 attribute, two clients, and the pair (right, up) on no client.
 
-    python -m experiments dcfm-toy [--out docs]        # -> <out>/dcfm_toy.png, <out>/dcfm_toy.json
+    python -m experiments dcfm-toy [--seeds 5] [--sweep 1,3,10,30] [--out docs]
+        # -> <out>/dcfm_toy.png, <out>/dcfm_toy.json
 
 Client 0 holds (left, down) and (left, up); client 1 holds (left, down) and (right, down). Each method
 is asked for (right, up); the figure shows where its samples land, and `mode_share` is the share of
-samples within distance 1 of the missing mode's centre (2, 2). Not a federated run: a 2-D toy that calls
-the same math as the image experiment (clients/dcfm.py's expert training, the server's replay buffer,
-teacher targets and student distillation) directly, on the MLP VelocityNet.
+samples within distance 1 of the missing mode's centre (2, 2), per seed and as mean ± std. `--sweep` runs
+DCFM-A and -B at each lambda first (same seeds). lambda, the masks pi, routes per batch and route masking
+default to the run config's (fedapp/protocols/dcfm.py), so the toy measures the defaults a run uses.
+Not a federated run: a 2-D toy that calls the same math as the image experiment (clients/dcfm.py's expert
+training, the server's replay buffer and student distillation, DDM's router) on the MLP VelocityNet.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from __future__ import annotations
 import argparse
 import copy
 import json
+import statistics
 import sys
 import time
 from pathlib import Path
@@ -22,8 +26,9 @@ from pathlib import Path
 import torch
 
 from clients.dcfm import train_expert
-from fedapp.models.compose import composite_field, generate, joint_field, mixture_composite
-from fedapp.models.flow import VelocityNet
+from fedapp.models.compose import NULL, composite_field, generate, joint_field, mixture_composite
+from fedapp.models.flow import VelocityNet, sample_path
+from fedapp.protocols.dcfm import DcfmOptions
 from experiments.common import prog
 from fedapp.results import atomic_write_json
 
@@ -32,7 +37,8 @@ SIGMA = 0.35
 LEFT, RIGHT, DOWN, UP = 0, 1, 0, 1
 CLIENT_PAIRS = {0: [(LEFT, DOWN), (LEFT, UP)], 1: [(LEFT, DOWN), (RIGHT, DOWN)]}
 MISSING = (RIGHT, UP)
-PI = (0.4, 0.4, 0.2)
+DEFAULTS = DcfmOptions()
+LR, BATCH, SAMPLE_STEPS = 3e-3, 256, 50
 
 
 def toy_data(pairs, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,56 +71,96 @@ def local_experts(data: dict, steps: int, lambda_ci: float, pi: tuple, seed: int
     experts = {}
     for a in data:
         m = toy_net(seed)
-        train_expert(m, *data[a], steps=steps, batch=256, lr=3e-3, pi=pi, lambda_ci=lambda_ci, seed=seed + 10 + a)
+        train_expert(m, *data[a], steps=steps, batch=BATCH, lr=LR, pi=pi, lambda_ci=lambda_ci, seed=seed + 10 + a)
         experts[a] = m.requires_grad_(False)
     return experts
 
 
+def peer_rounds(experts: dict, data: dict, counts: dict, *, rounds: int, peer_steps: int, lambda_ci: float,
+                pi: tuple, routes_per_batch: int, route_mask: bool, seed: int) -> None:
+    """Variant A: R rounds of L_FM + lambda L_peerCI, each expert against frozen copies of the others."""
+    for r in range(rounds):
+        frozen = {a: copy.deepcopy(e) for a, e in experts.items()}
+        for a, e in experts.items():
+            e.requires_grad_(True)
+            train_expert(e, *data[a], steps=peer_steps, batch=BATCH, lr=LR, pi=pi, lambda_ci=lambda_ci,
+                         seed=seed + 20 + 10 * r + a, peers={b: f for b, f in frozen.items() if b != a},
+                         self_index=a, peer_counts=counts, routes_per_batch=routes_per_batch,
+                         route_mask=route_mask)
+            e.requires_grad_(False)
+
+
+@torch.no_grad()
+def uncond_gap(experts: dict, data: dict, seed: int) -> float:
+    """How far the experts' unconditional fields v^(a)(x_t, t, ∅) are apart, relative to their size:
+    mean_a ||v^(a) - mean_b v^(b)||^2 / mean_a ||v^(a)||^2 at x_t on the linear paths of the union of
+    the clients' data (where eq. 13's routes with r_0 = a peer compare them)."""
+    g = torch.Generator().manual_seed(seed)
+    x1 = torch.cat([x for x, _ in data.values()])
+    x0 = torch.randn(x1.shape, generator=g)
+    t = torch.rand(len(x1), generator=g)
+    x_t, null = sample_path(x0, x1, t), torch.full((len(x1), 2), NULL)
+    v = torch.stack([e(x_t, t, null) for e in experts.values()])
+    return float((v - v.mean(0)).pow(2).sum(-1).mean() / v.pow(2).sum(-1).mean())
+
+
+def mode_share(x: torch.Tensor) -> float:
+    centre = (2 * torch.tensor(MISSING).float() - 1) * CENTRE
+    return float(((x - centre).norm(dim=1) < 1.0).float().mean())
+
+
 def run_toy(steps: int = 400, fl_rounds: int = 20, distill_steps: int = 800, rounds: int = 2, peer_steps: int = 200,
-            n: int = 256, lambda_ci: float = 1.0, lambda_student: float = 5.0, samples: int = 512, seed: int = 0,
+            n: int = 256, lambda_ci: float = DEFAULTS.lambda_ci, pi: tuple = DEFAULTS.pi,
+            routes_per_batch: int = DEFAULTS.routes_per_batch, route_mask: bool = DEFAULTS.route_mask,
+            replay: str = DEFAULTS.replay,
+            router_steps: int = 400, samples: int = 512, seed: int = 0,
             methods: tuple = ("fedflow", "dcfm-b")) -> dict:
-    """FedFlow, DCFM-B (and DCFM-A if asked) on the two clients; each samples (right, up)."""
-    from strategies.dcfm import distill_student, replay_buffer, teacher_targets
+    """FedFlow, DDM, DCFM-A and DCFM-B (those in `methods`) on the two clients; each samples (right, up)."""
+    from strategies.dcfm import distill_student, replay_buffer
+    from strategies.fedflow import routed_field, train_router
 
     torch.manual_seed(seed)
     data = {a: toy_data(p, n, seed + a) for a, p in CLIENT_PAIRS.items()}
     counts = {a: counts_of(data[a][1]).long() for a in data}
     want = torch.tensor([MISSING]).repeat(samples, 1)
-    out = {}
+    out, extra = {}, {}
+    sample = lambda field: generate(field, (samples, 2), SAMPLE_STEPS, seed + 7, clip=None)  # noqa: E731
     if "fedflow" in methods:  # FedAvg over one conditional flow (masked L_FM, no CI), joint-label sampling
         glob = toy_net(seed)
         for r in range(fl_rounds):
             local = []
             for a in data:
                 m = copy.deepcopy(glob)
-                train_expert(m, *data[a], steps=max(1, steps // fl_rounds), batch=256, lr=3e-3, pi=PI,
+                train_expert(m, *data[a], steps=max(1, steps // fl_rounds), batch=BATCH, lr=LR, pi=pi,
                              lambda_ci=0.0, seed=seed + 100 * r + a)
                 local.append(m)
             glob.load_state_dict(fedavg(local))
-        out["fedflow"] = generate(joint_field(glob, want), (samples, 2), 50, seed + 7, clip=None)
-    experts = local_experts(data, steps, lambda_ci, PI, seed)
-    if "dcfm-b" in methods:  # replay paths of the frozen teachers -> student with L_student + lambda L_studentCI
-        buf = replay_buffer(experts, counts, (2,), paths=256, steps=10, seed=seed + 1)
-        buf = teacher_targets(buf, [experts[a] for a in sorted(experts)], [counts[a] for a in sorted(experts)])
+        out["fedflow"] = sample(joint_field(glob, want))
+    if "ddm" in methods:  # experts without CI + a router (x_t, t) -> expert from their own samples
+        plain = local_experts(data, steps, 0.0, pi, seed)
+        ids = sorted(plain)
+        router = train_router([plain[a] for a in ids], (2,), steps=router_steps, batch=BATCH, lr=LR,
+                              sample_steps=SAMPLE_STEPS, seed=seed + 9, clip=2 * CENTRE + 1)
+        out["ddm"] = sample(routed_field([plain[a] for a in ids], router, want))
+    if not {"dcfm-a", "dcfm-b"} & set(methods):
+        return {"samples": out, "mode_share": {k: mode_share(v) for k, v in out.items()}, "data": data, **extra}
+    experts = local_experts(data, steps, lambda_ci, pi, seed)
+    if "dcfm-b" in methods:  # replay paths of the frozen teachers -> student (eq. 17)
+        buf = replay_buffer(experts, counts, (2,), paths=256, steps=10, seed=seed + 1, mode=replay,
+                            route_mask=route_mask)
         student = toy_net(seed)
-        distill_student(student, buf, steps=distill_steps, batch=256, lr=3e-3, pi=(1.0, 0.0, 0.0),
-                        lambda_ci=lambda_student, seed=seed + 2)
-        out["dcfm-b"] = generate(composite_field(student, want), (samples, 2), 50, seed + 7, clip=None)
+        distill_student(student, buf, steps=distill_steps, batch=BATCH, lr=LR, pi=pi, lambda_ci=lambda_ci,
+                        seed=seed + 2)
+        out["dcfm-b"] = sample(composite_field(student, want))
     if "dcfm-a" in methods:  # R rounds of L_peerCI against frozen copies, then the experts' composite
-        for r in range(rounds):
-            frozen = {a: copy.deepcopy(e) for a, e in experts.items()}
-            for a, e in experts.items():
-                e.requires_grad_(True)
-                train_expert(e, *data[a], steps=peer_steps, batch=256, lr=3e-3, pi=PI, lambda_ci=lambda_ci,
-                             seed=seed + 20 + 10 * r + a, peers={b: f for b, f in frozen.items() if b != a},
-                             self_index=a, peer_counts=counts)
-                e.requires_grad_(False)
+        extra["uncond_gap_stage1"] = uncond_gap(experts, data, seed + 3)
+        peer_rounds(experts, data, counts, rounds=rounds, peer_steps=peer_steps, lambda_ci=lambda_ci, pi=pi,
+                    routes_per_batch=routes_per_batch, route_mask=route_mask, seed=seed)
+        extra["uncond_gap"] = uncond_gap(experts, data, seed + 3)
         ids = sorted(experts)
-        out["dcfm-a"] = generate(mixture_composite([experts[a] for a in ids], [counts[a] for a in ids], want),
-                                 (samples, 2), 50, seed + 7, clip=None)
-    centre = (2 * torch.tensor(MISSING).float() - 1) * CENTRE
-    share = {k: float(((v - centre).norm(dim=1) < 1.0).float().mean()) for k, v in out.items()}
-    return {"samples": out, "mode_share": share, "data": data}
+        out["dcfm-a"] = sample(mixture_composite([experts[a] for a in ids], [counts[a] for a in ids], want,
+                                                 route_mask))
+    return {"samples": out, "mode_share": {k: mode_share(v) for k, v in out.items()}, "data": data, **extra}
 
 
 def plot(res: dict, path: Path) -> None:
@@ -139,38 +185,89 @@ def plot(res: dict, path: Path) -> None:
     fig.savefig(path, dpi=100)
 
 
-METHODS = ("fedflow", "dcfm-a", "dcfm-b")
+METHODS = ("fedflow", "ddm", "dcfm-a", "dcfm-b")
+
+
+def mean_std(values: list[float]) -> dict[str, float]:
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0}
+
+
+def over_seeds(seeds: list[int], methods: tuple, **settings) -> tuple[dict, dict]:
+    """run_toy for each seed: per-method shares per seed and mean ± std (and A's unconditional gap);
+    also the first seed's result for the figure."""
+    per: dict[str, list[float]] = {}
+    first = None
+    for s in seeds:
+        res = run_toy(seed=s, methods=methods, **settings)
+        first = first or res
+        for k, v in res["mode_share"].items():
+            per.setdefault(k, []).append(v)
+        for k in ("uncond_gap_stage1", "uncond_gap"):
+            if k in res:
+                per.setdefault(k, []).append(res[k])
+    return {k: {"per_seed": v, **mean_std(v)} for k, v in per.items()}, first
+
+
+def floats(text: str) -> list[float]:
+    try:
+        return [float(v) for v in text.split(",") if v]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be comma-separated numbers") from None
+
+
+def positive(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be an integer >= 1")
+    return int(text)
+
+
+def parse(argv: list[str]) -> argparse.Namespace:
+    """Every argument is checked here, before anything runs or is written (--help exits here too)."""
+    p = argparse.ArgumentParser(prog=prog("dcfm-toy"), description=__doc__.split("\n")[0])
+    p.add_argument("--steps", type=positive, default=400, help="Stage I steps per expert (fedflow: over all rounds)")
+    p.add_argument("--fl-rounds", type=positive, default=20, help="fedflow's FedAvg rounds")
+    p.add_argument("--distill-steps", type=positive, default=800, help="DCFM-B: student steps")
+    p.add_argument("--rounds", type=positive, default=2, help="DCFM-A: peer-CI rounds")
+    p.add_argument("--peer-steps", type=positive, default=200, help="DCFM-A: steps per expert per round")
+    p.add_argument("--points", type=positive, default=256, help="points per (horizontal, vertical) pair and client")
+    p.add_argument("--lambda-ci", type=float, default=DEFAULTS.lambda_ci, help="lambda of every CI penalty")
+    p.add_argument("--routes-per-batch", type=positive, default=DEFAULTS.routes_per_batch)
+    p.add_argument("--route-mask", choices=("true", "false"), default=str(DEFAULTS.route_mask).lower())
+    p.add_argument("--replay", choices=("teacher", "composite"), default=DEFAULTS.replay, help="DCFM-B's replay paths")
+    p.add_argument("--samples", type=positive, default=512, help="samples of (right, up) per method")
+    p.add_argument("--seeds", type=positive, default=5, help="seeds 0..N-1")
+    p.add_argument("--sweep", type=floats, default=[], help="lambdas to run DCFM-A and -B at first, e.g. 1,3,10,30")
+    p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {','.join(METHODS)}")
+    p.add_argument("--out", default="docs", help="folder for dcfm_toy.png and dcfm_toy.json")
+    p.add_argument("--threads", type=positive, default=1, help="torch threads")
+    a = p.parse_args(argv)
+    a.methods = tuple(a.methods.split(","))
+    bad = [m for m in a.methods if m not in METHODS]
+    if bad:
+        p.error(f"--methods={','.join(bad)}: must be among {','.join(METHODS)}")
+    if a.lambda_ci < 0 or any(v < 0 for v in a.sweep):
+        p.error(f"--lambda-ci / --sweep: must be >= 0 (got {a.lambda_ci}, {a.sweep})")
+    return a
 
 
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog=prog("dcfm-toy"), description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=400, help="Stage I steps per expert (fedflow: over all rounds)")
-    p.add_argument("--fl-rounds", type=int, default=20, help="fedflow's FedAvg rounds")
-    p.add_argument("--distill-steps", type=int, default=800, help="DCFM-B: student steps")
-    p.add_argument("--rounds", type=int, default=2, help="DCFM-A: peer-CI rounds")
-    p.add_argument("--peer-steps", type=int, default=200, help="DCFM-A: steps per expert per round")
-    p.add_argument("--points", type=int, default=256, help="points per (horizontal, vertical) pair and client")
-    p.add_argument("--lambda-ci", type=float, default=1.0)
-    p.add_argument("--lambda-student", type=float, default=5.0)
-    p.add_argument("--samples", type=int, default=512, help="samples of (right, up) per method")
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {','.join(METHODS)}")
-    p.add_argument("--out", default="docs", help="folder for dcfm_toy.png and dcfm_toy.json")
-    p.add_argument("--threads", type=int, default=1, help="torch threads")
-    a = p.parse_args(argv)
-    methods = tuple(a.methods.split(","))
-    bad = [m for m in methods if m not in METHODS]
-    if bad:
-        raise SystemExit(f"--methods={','.join(bad)}: must be among {','.join(METHODS)}")
+    a = parse(argv)
     torch.set_num_threads(a.threads)
     t0 = time.time()
     settings = dict(steps=a.steps, fl_rounds=a.fl_rounds, distill_steps=a.distill_steps, rounds=a.rounds,
-                    peer_steps=a.peer_steps, n=a.points, lambda_ci=a.lambda_ci, lambda_student=a.lambda_student,
-                    samples=a.samples, seed=a.seed, methods=methods)
-    res = run_toy(**settings)
+                    peer_steps=a.peer_steps, n=a.points, pi=DEFAULTS.pi, routes_per_batch=a.routes_per_batch,
+                    route_mask=a.route_mask == "true", replay=a.replay, samples=a.samples)
+    seeds = list(range(a.seeds))
+    sweep = {}
+    for lam in a.sweep:
+        sweep[str(lam)], _ = over_seeds(seeds, ("dcfm-a", "dcfm-b"), lambda_ci=lam, **settings)
+        print(f"lambda {lam}: " + ", ".join(f"{k} {v['mean']:.3f} ± {v['std']:.3f}" for k, v in sweep[str(lam)].items()),
+              flush=True)
+    table, first = over_seeds(seeds, a.methods, lambda_ci=a.lambda_ci, **settings)
     out = Path(a.out)
-    plot(res, out / "dcfm_toy.png")
-    info = {"mode_share": res["mode_share"], "seconds": round(time.time() - t0, 1), "settings": settings}
+    plot(first, out / "dcfm_toy.png")
+    info = {"mode_share": table, "sweep": sweep, "seconds": round(time.time() - t0, 1),
+            "settings": {**settings, "lambda_ci": a.lambda_ci, "seeds": seeds, "methods": list(a.methods)}}
     atomic_write_json(out / "dcfm_toy.json", info)
     print(json.dumps(info, indent=2))
 

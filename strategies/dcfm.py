@@ -7,7 +7,8 @@ Protocol (clients/dcfm.py has the client side and the equations):
    gets the N - 1 peer experts, trains its own with L_FM + lambda L_peerCI (peers frozen) and uploads it.
    Sampling: the composite velocity over all experts (fedapp.models.compose.mixture_composite).
    Variant B (`dcfm.variant = b`): the server distils the frozen experts into one student on synthetic
-   replay paths x^_t (L_student, eq. 15) plus the student's own CI penalty (L_studentCI, eq. 16) and
+   replay paths x^_t (`dcfm.replay`: each teacher's own, or their routed composite; L_student on y ⊙ m, eq. 15) plus the student's own CI
+   penalty (L_studentCI, eq. 16), with the same lambda and masks as Stage I, and
    sends it back (`query.receive`): two model transfers per client. Sampling: the student's composite.
 3. Evaluation on the server (strategies/flow.py, shared with the baselines): samples for every seen
    and every novel (digit, colour) pair, read by reference classifiers trained on real data.
@@ -29,67 +30,67 @@ from strategies.flow import FlowStrategy, timed
 
 
 # ---- variant B: distillation into one student (eqs. 15-17) ---------------------------------------------
-@torch.no_grad()
-def replay_buffer(experts: dict[int, Any], counts: dict[int, torch.Tensor], shape: tuple[int, ...], *,
-                  paths: int, steps: int, seed: int, device: str = "cpu") -> dict[str, torch.Tensor]:
-    """Synthetic replay paths x^_t: Euler trajectories of each frozen teacher a under its own joint field,
-    y drawn from its seen pairs ∝ n_a(y); teachers by their sample counts. Keeps every state with its t,
-    y and the teacher's velocity (the L_student target of the full label)."""
-    g = torch.Generator().manual_seed(seed)
+def seen_pairs(counts: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
+    """n labels y drawn from the pairs of a count table n(y_1, y_2), ∝ the counts."""
+    cell = torch.multinomial(counts.double().flatten() / counts.sum(), n, replacement=True, generator=generator)
+    return torch.stack([cell // counts.shape[1], cell % counts.shape[1]], 1)
+
+
+def replay_fields(experts: dict[int, Any], counts: dict[int, torch.Tensor], paths: int, mode: str,
+                  route_mask: bool, g: torch.Generator) -> list[tuple[torch.Tensor, Callable]]:
+    """(labels, field) per group of replay paths (dcfm.replay):
+    teacher: a frozen teacher r ∝ n_r per path, y from its own pairs, its joint field v^(r)(x, y) (eq. 15
+      as the paper notes read it: "a teacher's velocity is the truth on its own probability path");
+    composite: y from all seen pairs, the routed composite over the experts (routes in expectation, the
+      field variant A samples with)."""
     ids = sorted(experts)
+    if mode == "composite":
+        y = seen_pairs(sum(counts[a] for a in ids), paths, g)
+        return [(y, mixture_composite([experts[a] for a in ids], [counts[a] for a in ids], y, route_mask))]
     n = torch.stack([counts[a].sum() for a in ids]).double()
     who = torch.multinomial(n / n.sum(), paths, replacement=True, generator=g)
-    xs, ts, ys, vs = [], [], [], []
+    groups = []
     for j, a in enumerate(ids):
-        m = int((who == j).sum())
-        if m == 0:
-            continue
-        flat = counts[a].flatten().double()
-        cell = torch.multinomial(flat / flat.sum(), m, replacement=True, generator=g)
-        y = torch.stack([cell // counts[a].shape[1], cell % counts[a].shape[1]], 1).to(device)
-        x = torch.randn((m, *shape), generator=g).to(device)
-        for s in range(steps):
-            t = torch.full((m,), s / steps, device=device)
-            v = experts[a](x, t, y)
-            xs.append(x), ts.append(t), ys.append(y), vs.append(v)
-            x = x + v / steps
-    return {"x": torch.cat(xs), "t": torch.cat(ts), "y": torch.cat(ys), "v_joint": torch.cat(vs)}
+        if (who == j).any():
+            y = seen_pairs(counts[a], int((who == j).sum()), g)
+            groups.append((y, lambda x, t, y=y, e=experts[a]: e(x, t, y.to(x.device))))
+    return groups
 
 
 @torch.no_grad()
-def teacher_targets(buf: dict[str, torch.Tensor], experts: list, counts: list[torch.Tensor],
-                    batch: int = 256) -> dict[str, torch.Tensor]:
-    """v-bar^(r) at every replay state for the unconditional and each marginal query: the count-weighted
-    mixture over the frozen teachers (the routing vector r in expectation)."""
-    v0s, vis = [], []
-    for i in range(0, len(buf["x"]), batch):
-        sl = slice(i, i + batch)
-        _, v0, vi = mixture_composite(experts, counts, buf["y"][sl])(buf["x"][sl], buf["t"][sl], parts=True)
-        v0s.append(v0), vis.append(torch.stack(vi, 1))
-    return {**buf, "v_uncond": torch.cat(v0s), "v_marg": torch.cat(vis)}
+def replay_buffer(experts: dict[int, Any], counts: dict[int, torch.Tensor], shape: tuple[int, ...], *,
+                  paths: int, steps: int, seed: int, mode: str = "teacher", route_mask: bool = True,
+                  device: str = "cpu") -> dict[str, torch.Tensor]:
+    """Synthetic replay paths x^_t (eq. 15): Euler trajectories of the frozen teacher field v-bar^(r)(x, y)
+    (`mode`: replay_fields) from x0 ~ N(0, I). Keeps every state with its t, y and the field's velocity
+    there (L_student's target)."""
+    g = torch.Generator().manual_seed(seed)
+    xs, ts, ys, vs = [], [], [], []
+    for y, field in replay_fields(experts, counts, paths, mode, route_mask, g):
+        x, y = torch.randn((len(y), *shape), generator=g).to(device), y.to(device)
+        for s in range(steps):
+            t = torch.full((len(x),), s / steps, device=device)
+            v = field(x, t)
+            xs.append(x), ts.append(t), ys.append(y), vs.append(v)
+            x = x + v / steps
+    return {"x": torch.cat(xs), "t": torch.cat(ts), "y": torch.cat(ys), "v": torch.cat(vs)}
 
 
 def distill_student(student, buf: dict[str, torch.Tensor], *, steps: int, batch: int, lr: float,
                     pi: tuple[float, float, float], lambda_ci: float, seed: int, device: str = "cpu") -> dict:
     """L_DCFM-B = L_student + lambda L_studentCI (eq. 17):
-    L_student = E || v_s(x^_t, t, y ⊙ m) - v-bar^(r)(x^_t, y ⊙ m) ||^2 (eq. 15; full label: the path's
-    teacher, marginal / none: the teachers' mixture), L_studentCI = L_CI of the student alone (eq. 16)."""
+    L_student = E || v_s(x^_t, t, y ⊙ m) - v-bar^(r)(x^_t, y) ||^2 (eq. 15, m ~ p(m) of eq. 8: the student
+    sees masked labels, the target is the teacher's velocity of the path's full label, as u_t is in L_FM),
+    L_studentCI = L_CI of the student alone on the full labels (eq. 16)."""
     g = torch.Generator().manual_seed(seed)
     student.to(device).train()
     opt_ = torch.optim.AdamW(student.parameters(), lr=lr, weight_decay=0.0)
-    k = buf["y"].shape[1]
     tot = {"student": 0.0, "student_ci": 0.0}
     for _ in range(steps):
         idx = torch.randint(len(buf["x"]), (min(batch, len(buf["x"])),), generator=g)
         x, t, y = buf["x"][idx], buf["t"][idx], buf["y"][idx]
         y_m = mask_labels(y.cpu(), *pi, generator=g).to(device)
-        target = buf["v_joint"][idx].clone()
-        none = (y_m < 0).all(1)
-        target[none] = buf["v_uncond"][idx][none]
-        for i in range(k):
-            only_i = (y_m[:, i] >= 0) & ((y_m >= 0).sum(1) == 1)
-            target[only_i] = buf["v_marg"][idx][only_i, i]
-        l_student = (student(x, t, y_m) - target).pow(2).mean()
+        l_student = (student(x, t, y_m) - buf["v"][idx]).pow(2).mean()
         l_ci = ci_penalty(student, x, t, y) if lambda_ci > 0 else torch.zeros(())
         loss = l_student + lambda_ci * l_ci
         opt_.zero_grad(set_to_none=True)
@@ -108,7 +109,8 @@ class DcfmStrategy(FlowStrategy):
         if self.opts.variant == "b":
             return composite_field(self.student, y)
         ids = sorted(self.experts)
-        return mixture_composite([self.experts[a] for a in ids], [self.counts[a] for a in ids], y)
+        return mixture_composite([self.experts[a] for a in ids], [self.counts[a] for a in ids], y,
+                                 self.opts.route_mask)
 
     def peers_for(self) -> Callable[[int], dict[str, Any]]:
         """Variant A's allgather: to each node the N - 1 peer experts and their pair counts."""
@@ -127,13 +129,13 @@ class DcfmStrategy(FlowStrategy):
 
     def distill(self) -> dict[str, Any]:
         """Variant B: replay buffer from the frozen teachers, then the student (eq. 17)."""
-        ids = sorted(self.experts)
         buf = replay_buffer(self.experts, self.counts, self.task.shape, paths=self.opts.replay_paths,
-                            steps=self.opts.path_steps, seed=self.run.cfg.seed + 5, device=self.run.device)
-        buf = teacher_targets(buf, [self.experts[a] for a in ids], [self.counts[a] for a in ids])
+                            steps=self.opts.path_steps, seed=self.run.cfg.seed + 5, mode=self.opts.replay,
+                            route_mask=self.opts.route_mask,
+                            device=self.run.device)
         student = self.task.new_model().to(self.run.device)
         stats = distill_student(student, buf, steps=self.opts.distill_steps, batch=self.run.cfg.batch_size,
-                                lr=self.opts.lr, pi=self.opts.student_pi, lambda_ci=self.opts.lambda_student,
+                                lr=self.opts.lr, pi=self.opts.pi, lambda_ci=self.opts.lambda_ci,
                                 seed=self.run.cfg.seed + 6, device=self.run.device)
         self.student = student.eval().requires_grad_(False)
         save_model(self.run.out, self.student.state_dict())

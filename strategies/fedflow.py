@@ -83,22 +83,30 @@ class FedFlowStrategy(FedappStrategy, FedAvg):
 
 
 class Router(nn.Module):
-    """DDM's router p(a | x_t, t): a small CNN on the image with t as an extra channel."""
+    """DDM's router p(a | x_t, t): a small CNN on the image with t as an extra channel, or (vector=True,
+    the 2-D toy) an MLP on (x_t, t)."""
 
-    def __init__(self, channels: int, experts: int, width: int = 32):
+    def __init__(self, channels: int, experts: int, width: int = 32, vector: bool = False):
         super().__init__()
+        self.vector = vector
+        if vector:
+            self.net = nn.Sequential(nn.Linear(channels + 1, 4 * width), nn.SiLU(), nn.Linear(4 * width, 4 * width),
+                                     nn.SiLU(), nn.Linear(4 * width, experts))
+            return
         self.net = nn.Sequential(
             nn.Conv2d(channels + 1, width, 3, padding=1), nn.SiLU(), nn.Conv2d(width, width, 3, padding=1, stride=2),
             nn.SiLU(), nn.Conv2d(width, width, 3, padding=1), nn.SiLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
             nn.Linear(width, experts))
 
     def forward(self, x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if self.vector:
+            return self.net(torch.cat([x, t[:, None]], 1))
         tt = t.view(-1, 1, 1, 1).expand(-1, 1, *x.shape[2:])
         return self.net(torch.cat([x, tt], 1))
 
 
 def train_router(experts: list, shape: tuple[int, ...], *, steps: int, batch: int, lr: float, sample_steps: int,
-                 seed: int, device: str = "cpu", per_expert: int = 64) -> Router:
+                 seed: int, device: str = "cpu", per_expert: int = 64, clip: float = 1.0) -> Router:
     """Each expert's unconditional samples x1 (its own ODE), noised on the path x_t = t x1 + (1 - t) x0,
     labelled with the expert's index: a data-free (x_t, t) -> expert classifier."""
     g = torch.Generator().manual_seed(seed)
@@ -106,10 +114,10 @@ def train_router(experts: list, shape: tuple[int, ...], *, steps: int, batch: in
     for a, e in enumerate(experts):
         null = torch.full((per_expert, 2), -1, dtype=torch.long, device=device)
         x0 = torch.randn((per_expert, *shape), generator=g).to(device)
-        xs.append(euler(joint_field(e, null), x0, steps=sample_steps).clamp(-1, 1))
+        xs.append(euler(joint_field(e, null), x0, steps=sample_steps).clamp(-clip, clip))
         labels.append(torch.full((per_expert,), a, dtype=torch.long))
     x1, lab = torch.cat(xs), torch.cat(labels).to(device)
-    router = Router(shape[0], len(experts)).to(device)
+    router = Router(shape[0], len(experts), vector=len(shape) == 1).to(device)
     opt = torch.optim.AdamW(router.parameters(), lr=lr)
     for _ in range(steps):
         idx = torch.randint(len(x1), (batch,), generator=g)
@@ -126,7 +134,7 @@ def routed_field(experts: list, router: Router, y: torch.Tensor) -> Callable:
     """v(x_t, y) = sum_a p(a | x_t, t) v^(a)(x_t, t, y)."""
     def field(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         p = router(x, t).softmax(1)
-        return sum(p[:, a].view(-1, 1, 1, 1) * e(x, t, y) for a, e in enumerate(experts))
+        return sum(p[:, a].view(-1, *[1] * (x.ndim - 1)) * e(x, t, y) for a, e in enumerate(experts))
     return field
 
 

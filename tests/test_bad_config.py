@@ -57,7 +57,7 @@ CASES = [
     ({"pfdm.epsilon": 0.0}, "pfdm.epsilon=0.0: must be > 0.0"),
     ({"dcfm.variant": "c"}, "dcfm.variant='c': must be one of 'a', 'b'"),
     ({"dcfm.pi-full": 0.0, "dcfm.pi-marg": 0.0, "dcfm.pi-uncond": 0.0}, "dcfm.pi-full + dcfm.pi-marg"),
-    ({"dcfm.student-pi-marg": 0.8, "dcfm.student-pi-uncond": 0.5}, "dcfm.student-pi-marg + dcfm.student-pi-uncond"),
+    ({"dcfm.route-mask": "yes"}, "dcfm.route-mask='yes': must be of type bool"),
     ({"out-dir": FILE}, "out-dir='FILE': is a file; must be a folder"),
     ({"out-dir": FILE + "/sub"}, "out-dir='FILE/sub': not writable"),
     ({"method": "espresso", "prior": "/nonexistent/prior"}, "prior='/nonexistent/prior': no such folder"),

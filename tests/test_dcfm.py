@@ -5,8 +5,8 @@ import pytest
 import torch
 
 from clients.dcfm import train_expert
-from fedapp.models.compose import (ci_penalty, composite, mask_labels, peer_ci_penalty, route_valid,
-                                   sample_route)
+from fedapp.models.compose import (ci_penalty, composite, mask_labels, mixture_composite, peer_ci_errors,
+                                   peer_ci_penalty, route_valid, sample_route)
 from fedapp.models.flow import VelocityNet
 
 
@@ -60,13 +60,89 @@ def test_peers_receive_no_gradient_in_variant_a():
     own = VelocityNet(dim=2, attribute_sizes=[2, 2], hidden=32)
     peer = VelocityNet(dim=2, attribute_sizes=[2, 2], hidden=32)  # deliberately left trainable
     x, t, y = torch.randn(16, 2), torch.rand(16), torch.randint(0, 2, (16, 2))
-    loss = peer_ci_penalty(own, {1: peer}, 0, x, t, y, route=[1, 0, 1])
+    loss = peer_ci_penalty(own, {1: peer}, 0, x, t, y, routes=[[1, 0, 1]])
     loss.backward()
     assert all(p.grad is None for p in peer.parameters())
     assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in own.parameters())
     counts = {1: torch.tensor([[3, 0], [0, 0]])}  # peer 1 has seen only (0, 0)
     valid = route_valid([0, 0, 1], torch.tensor([[0, 0], [1, 1]]), counts)
     assert valid.tolist() == [1.0, 0.0]
+
+
+def test_several_routes_score_each_slice_of_the_batch_under_its_own_route():
+    torch.manual_seed(0)
+    own, peer = (VelocityNet(dim=2, attribute_sizes=[2, 2], hidden=32) for _ in range(2))
+    x, t, y = torch.randn(8, 2), torch.rand(8), torch.randint(0, 2, (8, 2))
+    routes = [[1, 0, 1], [0, 0, 0]]
+    want = torch.cat([peer_ci_errors(own, {1: peer}, 0, x[:4], t[:4], y[:4], routes[0]),
+                      peer_ci_errors(own, {1: peer}, 0, x[4:], t[4:], y[4:], routes[1])]).mean()
+    got = peer_ci_penalty(own, {1: peer}, 0, x, t, y, routes)
+    assert torch.allclose(got, want)
+    assert not torch.allclose(got, peer_ci_penalty(own, {1: peer}, 0, x, t, y, [routes[0]]))
+    # route-mask: a sample routed to a peer that never saw its value drops out; without counts it stays
+    y = torch.tensor([[0, 0], [1, 1]])
+    x, t = x[:2], t[:2]
+    counts = {1: torch.tensor([[3, 0], [0, 0]])}
+    masked = peer_ci_penalty(own, {1: peer}, 0, x, t, y, [[0, 0, 1]], counts)
+    assert torch.allclose(masked, peer_ci_errors(own, {1: peer}, 0, x[:1], t[:1], y[:1], [0, 0, 1]).mean())
+    assert torch.allclose(peer_ci_penalty(own, {1: peer}, 0, x, t, y, [[0, 0, 1]]),
+                          peer_ci_errors(own, {1: peer}, 0, x, t, y, [0, 0, 1]).mean())
+
+
+class Constant(torch.nn.Module):
+    """v(x, t, y) = a table entry per query: base (no label), + 10 y_1 + 1 for attribute 1, + 100 for 2."""
+
+    def __init__(self, base: float):
+        super().__init__()
+        self.base = base
+
+    def forward(self, x, t, y):
+        out = torch.full((len(x),), self.base)
+        out = out + torch.where(y[:, 0] >= 0, 10.0 * y[:, 0] + 1, 0.0) + torch.where(y[:, 1] >= 0, 100.0, 0.0)
+        return out[:, None].expand(-1, 2)
+
+
+def test_mixture_composite_routes_by_counts_or_uniformly():
+    experts = [Constant(0.0), Constant(4.0)]
+    counts = [torch.tensor([[3, 0], [0, 0]]), torch.tensor([[0, 0], [1, 0]])]  # 0 saw y_1 = 0 only, 1 y_1 = 1
+    y = torch.tensor([[1, 0]])
+    x, t = torch.zeros(1, 2), torch.zeros(1)
+    v, v0, (v1, v2) = mixture_composite(experts, counts, y, route_mask=True)(x, t, parts=True)
+    assert torch.allclose(v0, torch.full((1, 2), 0.0 * 3 / 4 + 4.0 / 4))  # pi_a ∝ n_a
+    assert torch.allclose(v1, torch.full((1, 2), 4.0 + 11.0))  # only expert 1 has seen y_1 = 1
+    assert torch.allclose(v2, torch.full((1, 2), 0.0 * 3 / 4 + 4.0 / 4 + 100.0))
+    v, v0, (v1, _) = mixture_composite(experts, counts, y, route_mask=False)(x, t, parts=True)
+    assert torch.allclose(v0, torch.full((1, 2), 2.0)) and torch.allclose(v1, torch.full((1, 2), 13.0))
+
+
+def test_replay_paths_follow_the_routed_composite_teacher_and_the_student_sees_masked_labels():
+    from strategies.dcfm import distill_student, replay_buffer
+
+    experts = {0: Constant(0.0), 1: Constant(4.0)}
+    counts = {0: torch.tensor([[3, 0], [0, 0]]), 1: torch.tensor([[0, 0], [1, 0]])}
+    own = replay_buffer(experts, counts, (2,), paths=64, steps=4, seed=0, mode="teacher")
+    from_1 = own["y"][:, 0] == 1  # only teacher 1 holds (1, 0): those paths follow its joint field
+    assert from_1.any() and torch.allclose(own["v"][from_1], experts[1](own["x"], own["t"], own["y"])[from_1])
+    buf = replay_buffer(experts, counts, (2,), paths=64, steps=4, seed=0, mode="composite")
+    assert set(map(tuple, buf["y"].tolist())) == {(0, 0), (1, 0)}  # the seen pairs only
+    v = mixture_composite(list(experts.values()), list(counts.values()), buf["y"])(buf["x"], buf["t"])
+    assert torch.allclose(buf["v"], v)  # the target: the routed composite at the full label
+    first, second = buf["x"][:64], buf["x"][64:128]
+    assert torch.allclose(second, first + buf["v"][:64] / 4)  # each path is an Euler step of that field
+
+    seen = []
+
+    class Recorder(VelocityNet):
+        def forward(self, x, t, y=None):
+            seen.append(y.clone())
+            return super().forward(x, t, y)
+
+    torch.manual_seed(0)
+    student = Recorder(dim=2, attribute_sizes=[2, 2], hidden=16)
+    distill_student(student, buf, steps=20, batch=64, lr=1e-3, pi=(0.5, 0.3, 0.2), lambda_ci=0.0, seed=0)
+    kept = torch.cat(seen).ge(0).sum(1).float()
+    assert abs((kept == 2).float().mean().item() - 0.5) < 0.05
+    assert abs((kept == 0).float().mean().item() - 0.2) < 0.05
 
 
 def test_local_training_with_peer_ci_leaves_peers_unchanged():
@@ -142,7 +218,7 @@ def test_simulation_fedflow_moves_two_t(tmp_path):
 # The metric names every composition method reports (strategies/flow.py: FlowEvaluation.finish), and
 # each method's own: one name set per method, as the experiment tables read them.
 SHARED_METRICS = {f"{kind}_{m}" for kind in ("seen", "novel")
-                  for m in ("composition_accuracy", "digit_accuracy", "color_accuracy", "distance")} | {
+                  for m in ("composition_accuracy", "digit_accuracy", "color_accuracy", "distance", "kid", "kid_std")} | {
     "model_bytes", "model_transfers_per_client", "model_transfers_by_client", "num_experts"}
 IN_PROCESS = {  # run config, own metrics, server phases timed, model transfers per client (N = 3, R = 1, T = 2)
     "dcfm-a": ({"method": "dcfm", "dcfm.variant": "a", "dcfm.rounds": 1}, {"variant", "rounds"},
@@ -174,3 +250,15 @@ def test_every_flow_method_runs_its_protocol_on_an_in_process_grid(tmp_path, nam
     for c, v in m["model_transfers_by_client"].items():
         # ddm: the router (32 channels) rides beside the N - 1 peers: 0.4 of this width-8 velocity net
         assert transfers <= v < transfers + (0.5 if name == "ddm" else 0.1), (c, v)
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--seeds", "0"], ["--methods", "dcfm-c"], ["--sweep", "1,x"],
+                                  ["--lambda-ci", "-1"], ["--route-mask", "maybe"]])
+def test_toy_cli_writes_nothing_on_help_or_a_bad_argument(tmp_path, monkeypatch, argv):
+    from experiments.dcfm_toy import main
+
+    monkeypatch.chdir(tmp_path)  # the default --out is docs/ under the working directory
+    with pytest.raises(SystemExit) as exit_:
+        main([*argv, "--out", str(tmp_path / "out")] if argv != ["--help"] else argv)
+    assert exit_.value.code == (0 if argv == ["--help"] else 2)
+    assert list(tmp_path.iterdir()) == []

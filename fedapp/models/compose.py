@@ -97,30 +97,36 @@ def sample_route(num_experts: int, k: int, self_index: int, generator: torch.Gen
     return r
 
 
-def peer_ci_penalty(model: Callable, peers: dict[int, Callable], self_index: int, x_t: torch.Tensor,
-                    t: torch.Tensor, y: torch.Tensor, route: Sequence[int],
-                    valid: torch.Tensor | None = None) -> torch.Tensor:
-    """L_peerCI = E || v^(a)(x_t, y) - z^(r)(x_t, y) ||^2 with
+def peer_ci_errors(model: Callable, peers: dict[int, Callable], self_index: int, x_t: torch.Tensor,
+                   t: torch.Tensor, y: torch.Tensor, route: Sequence[int]) -> torch.Tensor:
+    """Per-sample || v^(a)(x_t, y) - z^(r)(x_t, y) ||^2 (eq. 12) with
     z^(r) = v-bar^{r_0}(x_t) + sum_i (v-bar^{r_i}(x_t, y_i) - v-bar^{r_0}(x_t)) and
-    v-bar^r = v^(a) if r = a else StopGrad(v^(r)) (peers are frozen: no gradient reaches them).
-    `valid` (B,) masks samples whose routed peer never saw the requested attribute value."""
-    k = y.shape[1]
-    experts = {self_index: model, **{p: f for p, f in peers.items() if p != self_index}}
-    own = {self_index}
-
+    v-bar^r = v^(a) if r = a else StopGrad(v^(r)) (eq. 13: peers are frozen, no gradient reaches them)."""
     def v_bar(r: int, labels: torch.Tensor) -> torch.Tensor:
-        if r in own:
+        if r == self_index:
             return model(x_t, t, labels)
-        with torch.no_grad():  # StopGrad(v^(r)), eq. 13
-            return experts[r](x_t, t, labels).detach()
+        with torch.no_grad():
+            return peers[r](x_t, t, labels).detach()
 
     null = torch.full_like(y, NULL)
-    v_joint = model(x_t, t, y)
-    z = composite(v_bar(route[0], null), [v_bar(route[i + 1], marginal_labels(y, i)) for i in range(k)])
-    err = (v_joint - z).pow(2).flatten(1).mean(1)
-    if valid is not None:
-        return (err * valid).sum() / valid.sum().clamp(min=1)
-    return err.mean()
+    z = composite(v_bar(route[0], null), [v_bar(r, marginal_labels(y, i)) for i, r in enumerate(route[1:])])
+    return (model(x_t, t, y) - z).pow(2).flatten(1).mean(1)
+
+
+def peer_ci_penalty(model: Callable, peers: dict[int, Callable], self_index: int, x_t: torch.Tensor,
+                    t: torch.Tensor, y: torch.Tensor, routes: Sequence[Sequence[int]],
+                    counts: dict[int, torch.Tensor] | None = None) -> torch.Tensor:
+    """L_peerCI over several routing vectors per minibatch: the batch is split into len(routes) chunks,
+    chunk j scored under routes[j] (same forward cost as one route, lower-variance gradient).
+    `counts` given (dcfm.route-mask): a sample whose routed expert never saw the requested value y_i is
+    left out (the paper is silent on this; our switch)."""
+    errs, keep = [], []
+    for idx, route in zip(torch.arange(len(y)).chunk(len(routes)), routes):
+        errs.append(peer_ci_errors(model, peers, self_index, x_t[idx], t[idx], y[idx], route))
+        ok = route_valid(route, y[idx].cpu(), counts) if counts is not None else torch.ones(len(idx))
+        keep.append(ok.to(x_t.device))
+    err, valid = torch.cat(errs), torch.cat(keep)
+    return (err * valid).sum() / valid.sum().clamp(min=1)
 
 
 def route_valid(route: Sequence[int], y: torch.Tensor, counts: dict[int, torch.Tensor]) -> torch.Tensor:
@@ -142,17 +148,24 @@ def composite_field(v: Callable, y: torch.Tensor, weights: Sequence[float] | Non
     return field
 
 
-def mixture_composite(experts: Sequence[Callable], counts: Sequence[torch.Tensor], y: torch.Tensor) -> Callable:
-    """DCFM-A's sampler over several experts: eq. 5 with the routing vector r taken in expectation,
-    each expert weighted by how much of the requested value it has seen (its pair counts n_a):
-    v^(x, y) = v_0(x) + sum_i (v_i(x, y_i) - v_0(x)),  v_0 = sum_a pi_a v^(a)(x), pi_a ∝ n_a,
-    v_i(x, y_i) = sum_a pi_{a,i}(y_i) v^(a)(x, y_i), pi_{a,i}(y_i) ∝ n_a(y_i).
-    Returns (x, t) -> (v^, v_0, [v_1, .., v_k]) when called with parts=True."""
-    n = torch.stack([c.sum() for c in counts]).float()
-    w0 = n / n.sum()
+def mixture_composite(experts: Sequence[Callable], counts: Sequence[torch.Tensor], y: torch.Tensor,
+                      route_mask: bool = True) -> Callable:
+    """The composite velocity over several experts (DCFM-A's sampler, DCFM-B's teacher): eq. 12's z^(r)
+    with the routing vector r taken in expectation,
+    v^(x, y) = v_0(x) + sum_i (v_i(x, y_i) - v_0(x)),  v_0 = sum_a pi_a v^(a)(x),
+    v_i(x, y_i) = sum_a pi_{a,i}(y_i) v^(a)(x, y_i).
+    route_mask (dcfm.route-mask): pi_a ∝ n_a and pi_{a,i}(y_i) ∝ n_a(y_i), so an expert answers only values it
+    has seen; off: uniform routes, pi_a = pi_{a,i} = 1 / A (the paper's routes are uniform; it is silent on
+    masking). Returns (x, t) -> (v^, v_0, [v_1, .., v_k]) when called with parts=True."""
     k = y.shape[1]
-    margs = [torch.stack([c.sum(dim=tuple(d for d in range(k) if d != i)) for c in counts]).float()
-             for i in range(k)]  # (A, |Y_i|)
+    if route_mask:
+        n = torch.stack([c.sum() for c in counts]).float()
+        margs = [torch.stack([c.sum(dim=tuple(d for d in range(k) if d != i)) for c in counts]).float()
+                 for i in range(k)]  # (A, |Y_i|)
+    else:
+        n = torch.ones(len(counts))
+        margs = [torch.ones(len(counts), counts[0].shape[i]) for i in range(k)]
+    w0 = n / n.sum()
 
     def field(x: torch.Tensor, t: torch.Tensor, parts: bool = False):
         yy = y.to(x.device)

@@ -68,20 +68,23 @@ PHASES = (TRAIN, PEER, RECEIVE)
 @dataclass(frozen=True)
 class DcfmOptions:
     variant: str = opt("b", choices=("a", "b"), help="a: peer-CI allgather rounds; b: distil one student")
-    pi_full: float = opt(0.5, low=0.0, help="pi_full: probability of the full label y in the mask m (eq. 8)")
+    pi_full: float = opt(0.5, low=0.0, help="pi_full: probability of the full label y in the mask m (eq. 8); "
+                                             "Stage I, variant A and B's student alike")
     pi_marg: float = opt(0.3, low=0.0, help="pi_marg: probability of one attribute y_i alone")
     pi_uncond: float = opt(0.2, low=0.0, help="pi_uncond: probability of no label")
-    lambda_ci: float = opt(1.0, low=0.0, help="lambda: weight of L_CI / L_peerCI / L_studentCI")
+    lambda_ci: float = opt(1.0, low=0.0, help="lambda of L_CI (eq. 11), L_peerCI (A) and L_studentCI (B, eq. 17)")
     rounds: int = opt(2, low=1, help="R: peer-CI allgather rounds of variant A (paper ~2)")
+    routes_per_batch: int = opt(8, low=1, help="variant A: routing vectors r per minibatch (each on its own "
+                                               "slice of the batch)")
+    route_mask: bool = opt(True, help="route only to experts that have seen the requested value (peer-CI "
+                                      "training, A's sampler, B's teacher); false: uniform routes")
     local_steps: int = opt(300, low=1, help="Stage I Adam steps per client (also DDM / local-only experts)")
     peer_steps: int = opt(100, low=1, help="variant A: Adam steps per client per round")
     distill_steps: int = opt(300, low=1, help="variant B: Adam steps of the student on the server")
-    lambda_student: float = opt(5.0, low=0.0, help="variant B: lambda of L_studentCI (eq. 17)")
-    student_pi_marg: float = opt(0.0, low=0.0, high=1.0,
-                                 help="variant B: share of replay queries with one attribute (target: the teachers' mixture)")
-    student_pi_uncond: float = opt(0.0, low=0.0, high=1.0,
-                                   help="variant B: share of replay queries with no label (target: the teachers' mixture)")
-    replay_paths: int = opt(256, low=1, help="variant B: synthetic replay paths (ODE trajectories of the teachers)")
+    replay: str = opt("teacher", choices=("teacher", "composite"),
+                      help="variant B: replay paths follow one frozen teacher's joint field each, or the "
+                           "routed composite over all experts")
+    replay_paths: int = opt(256, low=1, help="variant B: synthetic replay paths (ODE trajectories)")
     path_steps: int = opt(8, low=1, help="variant B: Euler steps of each replay path (states kept per path)")
     sample_steps: int = opt(16, low=1, help="Euler steps of every sampler")
     samples_per_pair: int = opt(12, low=2, help="evaluation: samples per (digit, colour) pair")
@@ -93,18 +96,12 @@ class DcfmOptions:
 
     def __post_init__(self) -> None:
         if self.pi_full + self.pi_marg + self.pi_uncond <= 0:
-            raise ConfigError("dcfm.pi-full + dcfm.pi-marg + dcfm.pi-uncond: must be > 0")
-        if self.student_pi_marg + self.student_pi_uncond > 1:
-            raise ConfigError(f"dcfm.student-pi-marg + dcfm.student-pi-uncond = "
-                              f"{self.student_pi_marg + self.student_pi_uncond}: must be <= 1")
+            raise ConfigError(f"dcfm.pi-full + dcfm.pi-marg + dcfm.pi-uncond = "
+                              f"{self.pi_full + self.pi_marg + self.pi_uncond}: must be > 0")
 
     @property
     def pi(self) -> tuple[float, float, float]:
         return self.pi_full, self.pi_marg, self.pi_uncond
-
-    @property
-    def student_pi(self) -> tuple[float, float, float]:
-        return 1.0 - self.student_pi_marg - self.student_pi_uncond, self.student_pi_marg, self.student_pi_uncond
 
 
 OPTIONS = DcfmOptions
