@@ -1,7 +1,7 @@
 """The DCFM paper's 2-D toy: a Gaussian mixture with a horizontal (left/right) and a vertical (down/up)
 attribute, two clients, and the pair (right, up) on no client.
 
-    python -m experiments dcfm-toy [--seeds 5] [--sweep 1,3,10,30] [--out docs]
+    python -m experiments dcfm-toy [--seeds 5] [--sweep 1,3,10,30 --sweep-seeds 3] [--out docs]
         # -> <out>/dcfm_toy.png, <out>/dcfm_toy.json
 
 Client 0 holds (left, down) and (left, up); client 1 holds (left, down) and (right, down). Each method
@@ -77,11 +77,14 @@ def local_experts(data: dict, steps: int, lambda_ci: float, pi: tuple, seed: int
 
 
 def peer_rounds(experts: dict, data: dict, counts: dict, *, rounds: int, peer_steps: int, lambda_ci: float,
-                pi: tuple, routes_per_batch: int, route_mask: bool, seed: int) -> None:
-    """Variant A: R rounds of L_FM + lambda L_peerCI, each expert against frozen copies of the others."""
+                pi: tuple, routes_per_batch: int, route_mask: bool, seed: int, schedule: str = "allgather") -> None:
+    """Variant A: R rounds of L_FM + lambda L_peerCI, each expert against frozen copies of the others:
+    all from the round's start (allgather) or, sequential, the peers already retrained this round."""
     for r in range(rounds):
         frozen = {a: copy.deepcopy(e) for a, e in experts.items()}
         for a, e in experts.items():
+            if schedule == "sequential":
+                frozen = {b: copy.deepcopy(f) for b, f in experts.items()}
             e.requires_grad_(True)
             train_expert(e, *data[a], steps=peer_steps, batch=BATCH, lr=LR, pi=pi, lambda_ci=lambda_ci,
                          seed=seed + 20 + 10 * r + a, peers={b: f for b, f in frozen.items() if b != a},
@@ -112,7 +115,7 @@ def mode_share(x: torch.Tensor) -> float:
 def run_toy(steps: int = 400, fl_rounds: int = 20, distill_steps: int = 800, rounds: int = 2, peer_steps: int = 200,
             n: int = 256, lambda_ci: float = DEFAULTS.lambda_ci, pi: tuple = DEFAULTS.pi,
             routes_per_batch: int = DEFAULTS.routes_per_batch, route_mask: bool = DEFAULTS.route_mask,
-            replay: str = DEFAULTS.replay,
+            replay: str = DEFAULTS.replay, peer_schedule: str = DEFAULTS.peer_schedule,
             router_steps: int = 400, samples: int = 512, seed: int = 0,
             methods: tuple = ("fedflow", "dcfm-b")) -> dict:
     """FedFlow, DDM, DCFM-A and DCFM-B (those in `methods`) on the two clients; each samples (right, up)."""
@@ -155,7 +158,7 @@ def run_toy(steps: int = 400, fl_rounds: int = 20, distill_steps: int = 800, rou
     if "dcfm-a" in methods:  # R rounds of L_peerCI against frozen copies, then the experts' composite
         extra["uncond_gap_stage1"] = uncond_gap(experts, data, seed + 3)
         peer_rounds(experts, data, counts, rounds=rounds, peer_steps=peer_steps, lambda_ci=lambda_ci, pi=pi,
-                    routes_per_batch=routes_per_batch, route_mask=route_mask, seed=seed)
+                    routes_per_batch=routes_per_batch, route_mask=route_mask, seed=seed, schedule=peer_schedule)
         extra["uncond_gap"] = uncond_gap(experts, data, seed + 3)
         ids = sorted(experts)
         out["dcfm-a"] = sample(mixture_composite([experts[a] for a in ids], [counts[a] for a in ids], want,
@@ -231,12 +234,15 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--peer-steps", type=positive, default=200, help="DCFM-A: steps per expert per round")
     p.add_argument("--points", type=positive, default=256, help="points per (horizontal, vertical) pair and client")
     p.add_argument("--lambda-ci", type=float, default=DEFAULTS.lambda_ci, help="lambda of every CI penalty")
+    p.add_argument("--pi", type=floats, default=list(DEFAULTS.pi), help="pi_full,pi_marg,pi_uncond of every mask")
     p.add_argument("--routes-per-batch", type=positive, default=DEFAULTS.routes_per_batch)
     p.add_argument("--route-mask", choices=("true", "false"), default=str(DEFAULTS.route_mask).lower())
+    p.add_argument("--peer-schedule", choices=("allgather", "sequential"), default=DEFAULTS.peer_schedule)
     p.add_argument("--replay", choices=("teacher", "composite"), default=DEFAULTS.replay, help="DCFM-B's replay paths")
     p.add_argument("--samples", type=positive, default=512, help="samples of (right, up) per method")
     p.add_argument("--seeds", type=positive, default=5, help="seeds 0..N-1")
     p.add_argument("--sweep", type=floats, default=[], help="lambdas to run DCFM-A and -B at first, e.g. 1,3,10,30")
+    p.add_argument("--sweep-seeds", type=positive, default=3, help="seeds 0..N-1 of the sweep")
     p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {','.join(METHODS)}")
     p.add_argument("--out", default="docs", help="folder for dcfm_toy.png and dcfm_toy.json")
     p.add_argument("--threads", type=positive, default=1, help="torch threads")
@@ -245,6 +251,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     bad = [m for m in a.methods if m not in METHODS]
     if bad:
         p.error(f"--methods={','.join(bad)}: must be among {','.join(METHODS)}")
+    if len(a.pi) != 3 or min(a.pi) < 0 or sum(a.pi) <= 0:
+        p.error(f"--pi={a.pi}: must be three numbers >= 0 with a positive sum")
     if a.lambda_ci < 0 or any(v < 0 for v in a.sweep):
         p.error(f"--lambda-ci / --sweep: must be >= 0 (got {a.lambda_ci}, {a.sweep})")
     return a
@@ -255,19 +263,21 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(a.threads)
     t0 = time.time()
     settings = dict(steps=a.steps, fl_rounds=a.fl_rounds, distill_steps=a.distill_steps, rounds=a.rounds,
-                    peer_steps=a.peer_steps, n=a.points, pi=DEFAULTS.pi, routes_per_batch=a.routes_per_batch,
-                    route_mask=a.route_mask == "true", replay=a.replay, samples=a.samples)
+                    peer_steps=a.peer_steps, n=a.points, pi=tuple(a.pi), routes_per_batch=a.routes_per_batch,
+                    route_mask=a.route_mask == "true", replay=a.replay, peer_schedule=a.peer_schedule,
+                    samples=a.samples)
     seeds = list(range(a.seeds))
     sweep = {}
     for lam in a.sweep:
-        sweep[str(lam)], _ = over_seeds(seeds, ("dcfm-a", "dcfm-b"), lambda_ci=lam, **settings)
+        sweep[str(lam)], _ = over_seeds(list(range(a.sweep_seeds)), ("dcfm-a", "dcfm-b"), lambda_ci=lam, **settings)
         print(f"lambda {lam}: " + ", ".join(f"{k} {v['mean']:.3f} ± {v['std']:.3f}" for k, v in sweep[str(lam)].items()),
               flush=True)
     table, first = over_seeds(seeds, a.methods, lambda_ci=a.lambda_ci, **settings)
     out = Path(a.out)
     plot(first, out / "dcfm_toy.png")
     info = {"mode_share": table, "sweep": sweep, "seconds": round(time.time() - t0, 1),
-            "settings": {**settings, "lambda_ci": a.lambda_ci, "seeds": seeds, "methods": list(a.methods)}}
+            "settings": {**settings, "lambda_ci": a.lambda_ci, "seeds": seeds, "methods": list(a.methods),
+                         "sweep_seeds": a.sweep_seeds}}
     atomic_write_json(out / "dcfm_toy.json", info)
     print(json.dumps(info, indent=2))
 

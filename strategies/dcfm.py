@@ -4,7 +4,8 @@ Protocol (clients/dcfm.py has the client side and the equations):
 1. Stage I (`train`, no model down): every client trains a local expert v^(a)(x_t, t, y ⊙ m) with
    L_FM + lambda L_CI and uploads it with its pair counts n_a(y_1, y_2).
 2. Variant A (`dcfm.variant = a`): R rounds (`dcfm.rounds`) of an allgather (`query.peer`): every client
-   gets the N - 1 peer experts, trains its own with L_FM + lambda L_peerCI (peers frozen) and uploads it.
+   gets the N - 1 peer experts, trains its own with L_FM + lambda L_peerCI (peers frozen) and uploads it;
+   `dcfm.peer-schedule = sequential` runs the clients of a round one after another instead.
    Sampling: the composite velocity over all experts (fedapp.models.compose.mixture_composite).
    Variant B (`dcfm.variant = b`): the server distils the frozen experts into one student on synthetic
    replay paths x^_t (`dcfm.replay`: each teacher's own, or their routed composite; L_student on y ⊙ m, eq. 15) plus the student's own CI
@@ -26,6 +27,7 @@ from fedapp.models.compose import ci_penalty, composite_field, mask_labels, mixt
 from fedapp.protocols import ARRAYS_KEY, ROUND_KEY
 from fedapp.protocols import dcfm as P
 from fedapp.server.checkpoint import save_model
+from fedapp.server.validation import check_reply, safe_reason
 from strategies.flow import FlowStrategy, timed
 
 
@@ -127,6 +129,37 @@ class DcfmStrategy(FlowStrategy):
             return out
         return records
 
+    def peer_round(self, grid, r: int) -> None:
+        """One variant-A round (dcfm.peer-schedule). allgather: every client against the experts of the
+        round's start, at once (the paper). sequential: client by client, each against the peers as
+        already retrained this round (same transfers; a client that fails keeps its previous expert)."""
+        config = self.run_config_record(**{ROUND_KEY: r})
+        nodes = sorted(self.node_of.values())
+        if self.opts.peer_schedule == "allgather":
+            records = self.peers_for()
+            self.experts, self.counts = {}, {}
+            self.keep_experts(self.exchange(grid, P.PEER, nodes, records, self.task.validate, config=config))
+            return
+        kept = 0
+        for node in nodes:
+            replies = self.exchange(grid, P.PEER, [node], self.peers_for(), config=config)
+            valid = [r for r in replies if self.valid_peer_reply(r)]
+            self.keep_experts(valid)
+            kept += len(valid)
+        if kept < self.run.cfg.min_clients:
+            raise RuntimeError(f"[{P.PEER.name}] only {kept} valid replies in round {r}, fewer than "
+                               f"min-clients={self.run.cfg.min_clients}; see failures")
+
+    def valid_peer_reply(self, reply) -> bool:
+        """The upload gate for one reply of a sequential round (min-clients is checked over the round);
+        a rejection is recorded with its node and reason, as keep_valid does."""
+        if reply.has_error():
+            return False  # already recorded by MeteredGrid
+        reason = safe_reason(lambda: check_reply(self.run, reply, P.PEER, self.task.validate))
+        if reason is not None:
+            self.run.fail(reply.metadata.src_node_id, P.PEER.name, f"invalid upload: {reason}")
+        return reason is None
+
     def distill(self) -> dict[str, Any]:
         """Variant B: replay buffer from the frozen teachers, then the student (eq. 17)."""
         buf = replay_buffer(self.experts, self.counts, self.task.shape, paths=self.opts.replay_paths,
@@ -148,10 +181,7 @@ class DcfmStrategy(FlowStrategy):
         if self.opts.variant == "a":
             for r in range(1, self.opts.rounds + 1):
                 with timed(self.run, f"peer_round{r}"):  # each expert retrained with L_peerCI, peers frozen
-                    records, nodes = self.peers_for(), sorted(self.node_of.values())
-                    self.experts, self.counts = {}, {}
-                    self.keep_experts(self.exchange(grid, P.PEER, nodes, records, self.task.validate,
-                                                    config=self.run_config_record(**{ROUND_KEY: r})))
+                    self.peer_round(grid, r)
             extra["rounds"] = self.opts.rounds
         else:
             with timed(self.run, "distill"):

@@ -68,13 +68,16 @@ PHASES = (TRAIN, PEER, RECEIVE)
 @dataclass(frozen=True)
 class DcfmOptions:
     variant: str = opt("b", choices=("a", "b"), help="a: peer-CI allgather rounds; b: distil one student")
-    pi_full: float = opt(0.5, low=0.0, help="pi_full: probability of the full label y in the mask m (eq. 8); "
+    pi_full: float = opt(1.0, low=0.0, help="pi_full: probability of the full label y in the mask m (eq. 8); "
                                              "Stage I, variant A and B's student alike")
-    pi_marg: float = opt(0.3, low=0.0, help="pi_marg: probability of one attribute y_i alone")
-    pi_uncond: float = opt(0.2, low=0.0, help="pi_uncond: probability of no label")
-    lambda_ci: float = opt(1.0, low=0.0, help="lambda of L_CI (eq. 11), L_peerCI (A) and L_studentCI (B, eq. 17)")
+    pi_marg: float = opt(0.0, low=0.0, help="pi_marg: probability of one attribute y_i alone")
+    pi_uncond: float = opt(0.0, low=0.0, help="pi_uncond: probability of no label")
+    lambda_ci: float = opt(10.0, low=0.0, help="lambda of L_CI (eq. 11), L_peerCI (A) and L_studentCI (B, eq. 17)")
     rounds: int = opt(2, low=1, help="R: peer-CI allgather rounds of variant A (paper ~2)")
-    routes_per_batch: int = opt(8, low=1, help="variant A: routing vectors r per minibatch (each on its own "
+    peer_schedule: str = opt("sequential", choices=("allgather", "sequential"),
+                             help="variant A: a round retrains all experts at once against the round's start "
+                                  "(the paper), or one after another against the peers already retrained")
+    routes_per_batch: int = opt(1, low=1, help="variant A: routing vectors r per minibatch (each on its own "
                                                "slice of the batch)")
     route_mask: bool = opt(True, help="route only to experts that have seen the requested value (peer-CI "
                                       "training, A's sampler, B's teacher); false: uniform routes")
