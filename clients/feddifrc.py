@@ -37,9 +37,10 @@ from fedapp.protocols.feddifrc import (CACHE_BYTES, FEATURE_SECONDS, STATE_TARGE
 from fedapp.seeds import derive_seed
 
 _CACHE: dict[str, "DiffusionTargets"] = {}  # process memory: cache key -> targets
-# Opt-in (the table command turns it on): with a shared basis (pca-fit = public) a sample's target does
-# not depend on its client, so targets are kept per (prompt, base-table row) and shared by every client,
-# split and method this process serves. Off, each client computes only its own rows.
+# Opt-in (the table command turns it on, and keeps it on disk between its processes): with a shared basis
+# (pca-fit = public) a sample's target depends neither on its client nor on the run seed, so targets are
+# kept per (prompt, base-table row) and shared by every client, split, seed and method. Off, each client
+# computes only its own rows.
 SHARE_TARGETS = False
 _SHARED: dict[str, dict] = {}  # extractor + basis key -> {"basis": TargetBasis, (prompt, row): (D,)}
 
@@ -127,19 +128,20 @@ def cache_key(ctx: ClientContext) -> str:
     """Everything the static targets depend on: the data, the prior, t, blocks, basis, prompts, seed."""
     c, o = ctx.cfg, ctx.cfg.options
     parts = (c.prior, c.dataset, c.partitioner, sorted(c.partitioner_params.items()), c.seed, c.image_size,
-             ctx.partition_id, ctx.num_partitions, o.t, o.blocks, target_dims(c), o.labels, o.pca_fit, o.pool)
+             ctx.partition_id, ctx.num_partitions, o.t, o.blocks, target_dims(c), o.labels, o.pca_fit, o.pool,
+             o.noise_seed)
     return repr(parts)
 
 
 def extractor_for(ctx: ClientContext):
-    """The DIFT extractor of this run: its prior, t, blocks and the federation's one seeded eps (the
-    paper's fixed noise), so a sample's maps do not depend on which client holds it."""
+    """The DIFT extractor of this run: its prior, t, blocks and one fixed eps (feddifrc.noise-seed: the
+    paper's fixed noise), so a sample's maps depend neither on which client holds it nor on the run seed."""
     from fedapp.models.features import UNetFeatureExtractor
 
     c, o = ctx.cfg, ctx.cfg.options
     prior = load_frozen_prior(c.prior, c.dataset, ctx.device)
     return UNetFeatureExtractor(prior, t=o.t, up_blocks=o.blocks_for(prior.num_up_blocks),
-                                seed=derive_seed("feddifrc-eps", c.seed))
+                                seed=derive_seed("feddifrc-eps", o.noise_seed))
 
 
 def fit_images(ctx: ClientContext) -> torch.Tensor:
@@ -158,10 +160,10 @@ def compute_targets(ctx: ClientContext) -> DiffusionTargets:
     extractor = extractor_for(ctx)
     prompts, ndcr_prompt = T.prompts_for(c.dataset, list(ctx.shard.info.class_names), o.labels)
     shared = SHARE_TARGETS and o.pca_fit == "public"
-    memo = _SHARED.setdefault(repr((c.prior, c.dataset, c.image_size, o.t, extractor.up_blocks, c.seed, ctx.device,
+    memo = _SHARED.setdefault(repr((c.prior, c.dataset, c.image_size, o.t, extractor.up_blocks, o.noise_seed, ctx.device,
                                     target_dims(c), o.labels, o.pool)), {}) if shared else {}
     if "basis" not in memo:
-        seed = derive_seed("feddifrc-pca", c.seed) if o.pca_fit == "public" else ctx.seed_for(0xFD1F)
+        seed = derive_seed("feddifrc-pca", o.noise_seed) if o.pca_fit == "public" else ctx.seed_for(0xFD1F)
         memo["basis"] = T.fit_basis(extractor, fit_images(ctx), prompts + [ndcr_prompt], target_dims(c), o.pool, seed)
     basis = memo["basis"]
     out = [T.memo_reduced(extractor, basis, train.x, p, train.index, memo) if shared

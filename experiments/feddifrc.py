@@ -136,6 +136,30 @@ def plot(results: dict[str, Any], splits: list[str], methods: list[str], path: P
     plt.close(fig)
 
 
+def load_shared_targets(path: Path) -> None:
+    """Targets an earlier process of the table computed (clients.feddifrc._SHARED): with the shared basis
+    they depend on neither client nor seed, and recomputing them costs 11 UNet passes per image."""
+    import torch
+
+    import clients.feddifrc as fdr
+
+    if path.is_file():
+        fdr._SHARED.update(torch.load(path, weights_only=False))
+
+
+def save_shared_targets(path: Path) -> None:
+    import os
+
+    import torch
+
+    import clients.feddifrc as fdr
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    torch.save(fdr._SHARED, tmp)
+    os.replace(tmp, path)
+
+
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog=prog("feddifrc"), description=__doc__.split("\n")[0])
     p.add_argument("--seeds", default="0,1,2")
@@ -163,6 +187,9 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(a.threads)
     quiet_logs()
     fdr.SHARE_TARGETS = a.backend == "inprocess"
+    shared_path = Path(a.runs_dir) / "shared-targets.pt"
+    if fdr.SHARE_TARGETS:
+        load_shared_targets(shared_path)
     seeds = [int(s) for s in a.seeds.split(",")]
     splits, methods = a.splits.split(","), a.methods.split(",")
     for key, given, allowed in (("splits", splits, SPLITS), ("methods", methods, METHODS)):
@@ -197,6 +224,8 @@ def main(argv: list[str]) -> None:
                        "failures": len(summary.get("failures", []))}
                 if uses_prior(m):
                     row["prior"] = a.prior
+                    if fdr.SHARE_TARGETS:
+                        save_shared_targets(shared_path)
                 for k in ("representation_cache_bytes_total", "feature_seconds_total"):
                     if k in summary["metrics"]:
                         row[k] = summary["metrics"][k]

@@ -177,6 +177,13 @@ def test_shared_basis_is_fitted_on_the_public_split_only(prior_dir, monkeypatch)
     assert not (torch.cdist(public.flatten(1), client_rows) == 0).any()  # no client image is a fitting row
     for k in range(2):
         assert torch.equal(ta.basis.components[k], tb.basis.components[k])
+    # nor does it depend on the run seed (feddifrc.noise-seed fixes eps and the pixel sample), unless asked
+    other_seed = _ctx(prior_dir, pid=0, seed=1)
+    assert torch.equal(fd.extractor_for(other_seed).noise, fd.extractor_for(a).noise)
+    assert torch.equal(fd.compute_targets(other_seed).basis.components[0], ta.basis.components[0])
+    assert not torch.equal(fd.extractor_for(_ctx(prior_dir, pid=0, **{"feddifrc.noise-seed": 1})).noise,
+                           fd.extractor_for(a).noise)
+    seen.clear()
     # one basis per client when asked: fitted on that client's own images
     seen.clear()
     ca = fd.compute_targets(_ctx(prior_dir, pid=0, **{"feddifrc.pca-fit": "client"}))

@@ -57,6 +57,9 @@ class FedDifRCOptions:
                                    help="> 0: TDCL's prompts carry c_i = h_k(x_i), the local model's embedding "
                                         "mapped to the text width with this norm relative to a prompt token's, "
                                         "recomputed every round (paper); 0: fixed targets (official main script)")
+    noise_seed: int = opt(0, low=0, help="the one eps every image is noised with (and the basis' pixel sample): "
+                                         "fixed across runs whatever `seed`, as the official code computes the "
+                                         "features once and every run reuses them")
     labels: bool = opt(True, help="false: self-supervised prompts (no labels in TDCL/NDCR)")
     up_blocks: str = opt("", help="comma-separated decoder up-block indices; '' = the last three")
 
