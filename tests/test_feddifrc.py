@@ -24,6 +24,12 @@ def prior_dir(tmp_path_factory):
     return random_tiny_prior(TEST_CONFIG, seed=3).save_pretrained(tmp_path_factory.mktemp("prior") / "tiny")
 
 
+@pytest.fixture(autouse=True)
+def small_basis_fit(monkeypatch):
+    """Fit the per-pixel PCA on 32 images instead of 128: the tests check what it is fitted on, not its quality."""
+    monkeypatch.setattr(T, "FIT_IMAGES", 32)
+
+
 def _flat(prior_dir, **kw):
     flat = {"method": "feddifrc", "dataset": "digits", "prior": str(prior_dir), "feddifrc.up-blocks": "0,1",
             "partitioner.name": "dirichlet", "partitioner.alpha": 0.5,
