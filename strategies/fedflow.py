@@ -108,7 +108,8 @@ class Router(nn.Module):
 def train_router(experts: list, shape: tuple[int, ...], *, steps: int, batch: int, lr: float, sample_steps: int,
                  seed: int, device: str = "cpu", per_expert: int = 64, clip: float = 1.0) -> Router:
     """Each expert's unconditional samples x1 (its own ODE), noised on the path x_t = t x1 + (1 - t) x0,
-    labelled with the expert's index: a data-free (x_t, t) -> expert classifier."""
+    labelled with the expert's index: a data-free (x_t, t) -> expert classifier. Samples are clipped to
+    [-clip, clip] (images: [-1, 1]; the 2-D toy passes its own range)."""
     g = torch.Generator().manual_seed(seed)
     xs, labels = [], []
     for a, e in enumerate(experts):

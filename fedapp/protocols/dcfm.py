@@ -72,7 +72,7 @@ class DcfmOptions:
                                              "Stage I, variant A and B's student alike")
     pi_marg: float = opt(0.0, low=0.0, help="pi_marg: probability of one attribute y_i alone")
     pi_uncond: float = opt(0.0, low=0.0, help="pi_uncond: probability of no label")
-    lambda_ci: float = opt(10.0, low=0.0, help="lambda of L_CI (eq. 11), L_peerCI (A) and L_studentCI (B, eq. 17)")
+    lambda_ci: float = opt(1.0, low=0.0, help="lambda of L_CI (eq. 11), L_peerCI (A) and L_studentCI (B, eq. 17)")
     rounds: int = opt(2, low=1, help="R: peer-CI allgather rounds of variant A (paper ~2)")
     peer_schedule: str = opt("sequential", choices=("allgather", "sequential"),
                              help="variant A: a round retrains all experts at once against the round's start "
