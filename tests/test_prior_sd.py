@@ -112,7 +112,7 @@ def test_image_size_auto_comes_from_the_prior_and_a_conflict_is_one_line(sd, tmp
 SD_FAST = {"dataset": "digit-styles", "partitioner.name": "domain", "partitioner.per-class": 2, "min-clients": 2,
            "server-epochs": 1, "espresso.embed-steps": 2, "espresso.mixup-pairs": 8, "espresso.steps": 2,
            "espresso.ratio": 1.0, "espresso.synth-batch": 16, "espresso.clusters": 2, "espresso.gmm-components": 2,
-           "espresso.zigzag-t": 300, "num-server-rounds": 1, "local-epochs": 1, "feddifrc.pca-dims": 4}
+           "espresso.zigzag-t": 300, "num-server-rounds": 1, "local-epochs": 1}
 
 
 @pytest.mark.parametrize("method", ["espresso", "prompts", "feddifrc"])
