@@ -42,7 +42,10 @@ _CACHE: dict[str, "DiffusionTargets"] = {}  # process memory: cache key -> targe
 # kept per (prompt, base-table row) and shared by every client, split, seed and method. Off, each client
 # computes only its own rows.
 SHARE_TARGETS = False
-_SHARED: dict[str, dict] = {}  # extractor + basis key -> {"basis": TargetBasis, (prompt, row): (D,)}
+_SHARED: dict[str, dict] = {}  # basis_key -> {"basis": TargetBasis, (prompt, row): (D,)}
+# With pca-fit = public every client a process serves fits the same basis (same public images, prompts
+# and noise-seed): fitted once per process (~2.8k UNet passes on mnist-5k), whatever SHARE_TARGETS says.
+_BASES: dict[str, T.TargetBasis] = {}  # basis_key -> basis
 
 
 @dataclass
@@ -154,17 +157,34 @@ def fit_images(ctx: ClientContext) -> torch.Tensor:
     return load_server_data(c.dataset, "iid", {}, c.seed, 2, image_size=c.image_size).public.x
 
 
+def basis_key(ctx: ClientContext, extractor) -> str:
+    """Everything a public basis depends on (not the client, not the run seed: the public split is fixed)."""
+    c, o = ctx.cfg, ctx.cfg.options
+    return repr((c.prior, c.dataset, c.image_size, o.t, extractor.up_blocks, o.noise_seed, ctx.device,
+                 target_dims(c), o.labels, o.pool))
+
+
+def target_basis(ctx: ClientContext, extractor, prompts: list[str]) -> T.TargetBasis:
+    """The per-block PCA basis: the client's own (pca-fit = client) or the public one, once per process."""
+    c, o = ctx.cfg, ctx.cfg.options
+    if o.pca_fit == "client":
+        return T.fit_basis(extractor, fit_images(ctx), prompts, target_dims(c), o.pool, ctx.seed_for(0xFD1F))
+    key = basis_key(ctx, extractor)
+    if key not in _BASES:
+        seed = derive_seed("feddifrc-pca", o.noise_seed)
+        _BASES[key] = T.fit_basis(extractor, fit_images(ctx), prompts, target_dims(c), o.pool, seed)
+    return _BASES[key]
+
+
 def compute_targets(ctx: ClientContext) -> DiffusionTargets:
     """F~, pos, H~ of this client's training split (no cache; the shared memo when SHARE_TARGETS)."""
     c, o, train = ctx.cfg, ctx.cfg.options, ctx.shard.train
     extractor = extractor_for(ctx)
     prompts, ndcr_prompt = T.prompts_for(c.dataset, list(ctx.shard.info.class_names), o.labels)
     shared = SHARE_TARGETS and o.pca_fit == "public"
-    memo = _SHARED.setdefault(repr((c.prior, c.dataset, c.image_size, o.t, extractor.up_blocks, o.noise_seed, ctx.device,
-                                    target_dims(c), o.labels, o.pool)), {}) if shared else {}
-    if "basis" not in memo:
-        seed = derive_seed("feddifrc-pca", o.noise_seed) if o.pca_fit == "public" else ctx.seed_for(0xFD1F)
-        memo["basis"] = T.fit_basis(extractor, fit_images(ctx), prompts + [ndcr_prompt], target_dims(c), o.pool, seed)
+    memo = _SHARED.setdefault(basis_key(ctx, extractor), {}) if shared else {}
+    if "basis" not in memo:  # a memo loaded from disk brings its basis along
+        memo["basis"] = target_basis(ctx, extractor, prompts + [ndcr_prompt])
     basis = memo["basis"]
     out = [T.memo_reduced(extractor, basis, train.x, p, train.index, memo) if shared
            else T.reduced(extractor, basis, train.x, p) for p in track(prompts + [ndcr_prompt], "target prompts")]
