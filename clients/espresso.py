@@ -28,9 +28,11 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from clients.classify import handle_evaluate
 from fedapp.client_context import ClientContext
+from fedapp.models.prior.samplers import start_timestep
 from fedapp.progress import track
 from fedapp.protocols import EVALUATE, METRICS_KEY, NUM_EXAMPLES_KEY
 from fedapp.protocols import espresso as P
+from fedapp.seeds import derive_seed
 
 log = logging.getLogger("fedapp")
 
@@ -74,31 +76,75 @@ def diffusion_loss(prior, z0: torch.Tensor, cond: torch.Tensor, t: torch.Tensor,
     return prior.loss(z0, cond, t, eps)
 
 
+def condition_generator(seed: int, e: int) -> torch.Generator:
+    """Condition e's own random stream: its (images, t, eps) draws do not depend on how many other
+    conditions there are or in which order they are optimised (the batched and looped learners agree)."""
+    return torch.Generator().manual_seed(derive_seed(seed, "condition", e))
+
+
+def draw_rows(g: torch.Generator, members: torch.Tensor, batch: int, latent_shape: tuple, num_t: int):
+    """One step's rows for one condition: min(batch, |cluster|) of its images (without replacement),
+    a timestep t ~ U{0..T-1} and a noise eps ~ N(0, I) per image, in that order from its generator."""
+    b = min(batch, len(members))
+    idx = members[torch.randperm(len(members), generator=g)[:b]]
+    t = torch.randint(0, num_t, (b,), generator=g)
+    eps = torch.randn(b, *latent_shape, generator=g)
+    return idx, t, eps
+
+
+def _members(owner: torch.Tensor, num_conditions: int) -> list[torch.Tensor]:
+    return [torch.nonzero(owner == e).flatten() for e in range(num_conditions)]
+
+
 def learn_conditions(prior, z0: torch.Tensor, owner: torch.Tensor, init: torch.Tensor, *, steps: int,
                      lr: float, batch: int, seed: int) -> torch.Tensor:
-    """Optimise every condition c^j_{k,y} (E, L, D) on Eq. (8) with the prior frozen.
+    """Optimise every condition c^j_{k,y} (E, L, D) on Eq. (8) with the prior frozen, all at once.
 
-    All conditions of the client are optimised together: each minibatch row uses its own image's
-    condition, so c^j only receives the gradient of its cluster's images (Adam is per coordinate,
-    so this is the per-cluster optimisation, batched). Images are drawn uniformly, so a cluster gets
-    steps in proportion to its size."""
+    Each step draws min(batch, |D^j|) images of every cluster (each with its own t and eps) and runs
+    them through the UNet in one batched call, every row with its own condition's sequence. The loss
+    is sum_j mean_{rows of j} ||.||^2, so c^j's gradient is exactly that of its own cluster's loss, and
+    one Adam over the stacked (E, L, D) tensor is E independent Adams (Adam is per coordinate): the
+    result equals `learn_conditions_loop` (one condition at a time), at a fraction of the UNet calls."""
     device = prior.device
     c = init.detach().clone().to(device, prior.dtype).requires_grad_(True)
     if steps <= 0:
         return c.detach().cpu()
     opt = torch.optim.Adam([c], lr=lr)
-    g = torch.Generator().manual_seed(seed)
-    z0, owner = z0.to(device, prior.dtype), owner.to(device)
-    n, b = len(z0), min(batch, len(z0))
+    members = _members(owner, len(init))
+    gens = [condition_generator(seed, e) for e in range(len(init))]
+    z0 = z0.to(device, prior.dtype)
     for _ in track(range(steps), "condition steps"):
-        idx = torch.randint(0, n, (b,), generator=g).to(device)
-        t = torch.randint(0, prior.num_train_timesteps, (b,), generator=g).to(device)
-        eps = torch.randn(b, *z0.shape[1:], generator=g).to(device, prior.dtype)
-        loss = diffusion_loss(prior, z0[idx], c[owner[idx]], t, eps)
+        draws = [draw_rows(g, m, batch, z0.shape[1:], prior.num_train_timesteps) for g, m in zip(gens, members)]
+        row_cond = torch.cat([torch.full((len(d[0]),), e) for e, d in enumerate(draws)]).to(device)
+        weight = 1.0 / torch.cat([torch.full((len(d[0]),), float(len(d[0]))) for d in draws]).to(device, prior.dtype)
+        idx, t, eps = (torch.cat(parts).to(device) for parts in zip(*draws))
+        rows = prior.loss(z0[idx], c[row_cond], t, eps.to(prior.dtype), reduction="none")
+        loss = (rows * weight).sum()  # sum over conditions of each one's mean loss
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
     return c.detach().cpu()
+
+
+def learn_conditions_loop(prior, z0: torch.Tensor, owner: torch.Tensor, init: torch.Tensor, *, steps: int,
+                          lr: float, batch: int, seed: int) -> torch.Tensor:
+    """The reference: Eq. (8) for one condition at a time, its own Adam and the same draws as the batched
+    `learn_conditions` (what the test and benchmarks/conditions.py compare it with)."""
+    device = prior.device
+    z0 = z0.to(device, prior.dtype)
+    out = []
+    for e, m in enumerate(_members(owner, len(init))):
+        c = init[e:e + 1].detach().clone().to(device, prior.dtype).requires_grad_(True)
+        opt, g = torch.optim.Adam([c], lr=lr), condition_generator(seed, e)
+        for _ in range(steps):
+            idx, t, eps = draw_rows(g, m, batch, z0.shape[1:], prior.num_train_timesteps)
+            loss = diffusion_loss(prior, z0[idx.to(device)], c.expand(len(idx), -1, -1), t.to(device),
+                                  eps.to(device, prior.dtype))
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            opt.step()
+        out.append(c.detach().cpu())
+    return torch.cat(out)
 
 
 # ---- 3. GMM of the initial noise p(z^T) ----------------------------------------------------------
@@ -174,7 +220,7 @@ def espresso_upload(prior, x: torch.Tensor, y: torch.Tensor, *, num_classes: int
         out["embedding_class"] = cond_class
         out["cluster_sizes"] = torch.bincount(owner, minlength=len(cond_class))
     if opts.init == "gmm":
-        t_T = int(prior.timesteps(opts.steps)[0])  # the sampler starts at the first DDIM timestep
+        t_T = start_timestep(prior, opts.steps, opts.spacing)  # exactly where the server's sampler starts
         fits = [class_noise_gmm(prior, z0[y == c], t_T=t_T, pairs=opts.mixup_pairs, alpha=opts.mixup_alpha,
                                 times=opts.diffusions_per_latent, components=opts.gmm_components,
                                 seed=seed + 2 + c) for c in track(classes, "noise GMMs")]

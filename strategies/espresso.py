@@ -83,12 +83,14 @@ def plan_synthesis(u: dict[str, torch.Tensor], opts: P.EspressoOptions, prompt_c
 
 @torch.no_grad()
 def denoise(prior, noise: torch.Tensor, cond: torch.Tensor, opts: P.EspressoOptions) -> tuple[torch.Tensor, int]:
-    """z^T -> images with DDIM or Z-sampling (gamma1, gamma2, T_z), CFG against the empty prompt;
+    """z^T -> images with DDIM or Z-sampling (gamma1, gamma2, T_z, convention), CFG against the empty
+    prompt, over `opts.steps` timesteps of `opts.spacing` starting at samplers.start_timestep;
     returns (images (N, 3, H, W) in [-1, 1] on the CPU, UNet evaluations per image)."""
     images, evals = [], 0
     for s in range(0, len(noise), opts.synth_batch):
         out = prior.sample(noise[s:s + opts.synth_batch], cond[s:s + opts.synth_batch], num_steps=opts.steps,
-                           guidance=opts.gamma1, sampler=opts.sampler, zigzag_t=opts.zigzag_t, gamma2=opts.gamma2)
+                           guidance=opts.gamma1, sampler=opts.sampler, zigzag_t=opts.zigzag_t, gamma2=opts.gamma2,
+                           spacing=opts.spacing, zigzag=opts.zigzag)
         images.append(out.images.float().cpu())
         evals = out.unet_evals
     return torch.cat(images), evals

@@ -115,6 +115,40 @@ def test_learned_condition_lowers_the_diffusion_loss_of_its_cluster(prior, shard
     assert loss(learned) < loss(init) - 0.01
 
 
+def test_batched_condition_learning_equals_the_per_condition_loop(prior):
+    """One batched UNet call per step over every cluster == each condition optimised alone, same draws."""
+    g = torch.Generator().manual_seed(0)
+    z0 = torch.randn(9, *prior.latent_shape, generator=g)
+    owner = torch.tensor([0, 0, 0, 0, 1, 2, 2, 2, 2])  # cluster sizes 4, 1, 4: batch 2 caps two of them
+    init = prior.encode_prompts(["a digit", "a photo of the digit one", "a sketch of the digit three"])
+    kw = {"steps": 4, "lr": 0.05, "batch": 2, "seed": 7}
+    rows0 = prior.unet_rows
+    batched = client.learn_conditions(prior, z0, owner, init, **kw)
+    assert prior.unet_rows - rows0 == 4 * (2 + 1 + 2)  # 4 steps, one call of min(batch, |cluster|) rows each
+    looped = client.learn_conditions_loop(prior, z0, owner, init, **kw)
+    assert batched.shape == init.shape and (batched - init).abs().max() > 0.05  # it learned
+    torch.testing.assert_close(batched, looped, atol=1e-5, rtol=1e-4)
+    # a condition's draws are its own: another seed changes them
+    assert not torch.allclose(client.learn_conditions(prior, z0, owner, init, **{**kw, "seed": 8}), batched)
+
+
+@pytest.mark.parametrize("spacing,first", [("trailing", 999), ("leading", 6 * (1000 // 7))])
+def test_gmm_is_fitted_at_the_samplers_first_level(prior, shard, monkeypatch, spacing, first):
+    """The client's GMM of z^T lives at the level the server's sampler starts from."""
+    opts = _opts(**{"espresso.conditions": "prompts", "espresso.steps": 7, "espresso.spacing": spacing})
+    fitted_at = []
+    real_gmm = client.class_noise_gmm
+    monkeypatch.setattr(client, "class_noise_gmm", lambda p, z0, **kw: fitted_at.append(kw["t_T"]) or real_gmm(p, z0, **kw))
+    up = _upload(prior, shard, opts)
+    sampled_at = []
+    real_predict = prior.predict_noise
+    monkeypatch.setattr(prior, "predict_noise", lambda z, t, *a, **k: sampled_at.append(int(t)) or real_predict(z, t, *a, **k))
+    noise = server.sample_gmm(up["gmm_weights"][0], up["gmm_means"][0], up["gmm_variances"][0], 2, torch.Generator())
+    server.denoise(prior, noise.view(2, *prior.latent_shape), prior.encode_prompts(["a digit"]).expand(2, -1, -1),
+                   dataclasses.replace(opts, gamma1=3.0))
+    assert set(fitted_at) == {sampled_at[0]} == {first}
+
+
 def test_condition_learning_reports_its_progress_for_its_client(prior, shard, fedapp_log, monkeypatch):
     """Flower's log stream carries `client K: condition steps i/n, S s`, about every tenth of the steps."""
     from fedapp import progress

@@ -31,13 +31,16 @@ def with_schedule(p: Prior, **schedule) -> Prior:
     return Prior(p.tokenizer, p.text_encoder, p.unet, DDIMScheduler(num_train_timesteps=1000, **schedule))
 
 
-@pytest.mark.parametrize("schedule,num_steps", [(SD_SCHEDULE, 10), (PIXEL_SCHEDULE, 25), (COSINE_V_SCHEDULE, 10)],
-                         ids=["sd-10", "pixel-clipped-25", "cos-v-clipped-10"])
-def test_ddim_matches_diffusers_step_for_step(base, schedule, num_steps):
+@pytest.mark.parametrize("schedule,num_steps,spacing", [
+    (SD_SCHEDULE, 10, "leading"), (PIXEL_SCHEDULE, 25, "leading"), (COSINE_V_SCHEDULE, 10, "leading"),
+    (SD_SCHEDULE, 30, "trailing"), (PIXEL_SCHEDULE, 7, "trailing")],
+    ids=["sd-10", "pixel-clipped-25", "cos-v-clipped-10", "sd-30-trailing", "pixel-7-trailing"])
+def test_ddim_matches_diffusers_step_for_step(base, schedule, num_steps, spacing):
     p = with_schedule(base, **schedule)
-    ref = DDIMScheduler(num_train_timesteps=1000, **schedule)
+    ref = DDIMScheduler(num_train_timesteps=1000, timestep_spacing=spacing, **schedule)
     ref.set_timesteps(num_steps)
-    assert torch.equal(p.timesteps(num_steps), ref.timesteps)
+    assert torch.equal(p.timesteps(num_steps, spacing), ref.timesteps)
+    assert spacing == "leading" or int(ref.timesteps[0]) == 999  # trailing starts at the top: T - 1
     z = torch.randn(3, *p.latent_shape, generator=torch.Generator().manual_seed(0))
     ours, theirs = z.clone(), z.clone()
     cond = p.encode_prompts([PROMPT] * 3)
@@ -151,6 +154,50 @@ def test_zigzag_schedule_arithmetic():
     assert expected_unet_evals(25, 800, 4.0, 0.0) == 50 + 4 * 3
     assert expected_unet_evals(25, 800, 4.0, 2.0) == 50 + 4 * 4
     assert expected_unet_evals(25, 999, 4.0, 0.0) == 50  # T_z >= T: Z-sampling is DDIM
+    # Espresso's default: 50 trailing steps 999, 979, ..., 819 > 800 -> 10 zigzags (stride 20)
+    assert expected_unet_evals(50, 800, 3.0, 0.0, spacing="trailing") == 100 + 10 * 3
+    assert expected_unet_evals(50, 800, 3.0, 0.0, spacing="trailing", convention="official") == 100 + 10 * 3
+    assert expected_unet_evals(5, 0, 3.0, 0.0, spacing="trailing", convention="official") == 10 + 4 * 3  # not the last
+
+
+def _spy(monkeypatch, prior, name):
+    calls, real = [], getattr(prior, name)
+    monkeypatch.setattr(prior, name, lambda *a, **k: calls.append((a, k)) or real(*a, **k))
+    return calls
+
+
+@pytest.mark.parametrize("num_steps,zigzag_t,spacing", [(50, 800, "trailing"), (10, 800, "leading"), (6, 0, "trailing")])
+@pytest.mark.parametrize("convention", ["paper", "official"])
+def test_number_of_zigzags_equals_the_steps_above_Tz(base, monkeypatch, num_steps, zigzag_t, spacing, convention):
+    inversions = _spy(monkeypatch, base, "ddim_invert_step")
+    base.sample(1, PROMPT, num_steps=num_steps, guidance=3.0, sampler="zigzag", zigzag_t=zigzag_t, spacing=spacing,
+                zigzag=convention, generator=torch.Generator().manual_seed(0))
+    above = int((base.timesteps(num_steps, spacing) > zigzag_t).sum())
+    last_above = zigzag_t < int(base.timesteps(num_steps, spacing)[-1])  # only with T_z below the last step
+    assert len(inversions) == above - (convention == "official" and last_above)
+    assert [a[3] for a, _ in inversions] == base.timesteps(num_steps, spacing)[:len(inversions)].tolist()
+
+
+@pytest.mark.parametrize("convention", ["paper", "official"])
+def test_zigzag_conventions_follow_their_equations(base, convention):
+    """Two trailing steps (999, 499), T_z = 600: one zigzag at t = 999, written out by hand. The inversion's
+    noise is predicted at t_prev = 499 (paper) or at t = 999 (official)."""
+    z = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(5))
+    c = base.encode_prompts([PROMPT] * 2)
+    g1, g2 = 3.0, 1.0
+    out = base.sample(z, c, num_steps=2, guidance=g1, sampler="zigzag", zigzag_t=600, gamma2=g2, spacing="trailing",
+                      zigzag=convention).latents
+    with torch.no_grad():
+        t, t_prev = 999, 499
+        z_tilde_prev = base.ddim_step(z, base.predict_noise(z, t, c, g1), t, t_prev)
+        tau = t_prev if convention == "paper" else t
+        z_tilde = base.ddim_invert_step(z_tilde_prev, base.predict_noise(z_tilde_prev, tau, c, g2), t_prev, t)
+        z1 = base.ddim_step(z_tilde, base.predict_noise(z_tilde, t, c, g1), t, t_prev)
+        want = base.ddim_step(z1, base.predict_noise(z1, t_prev, c, g1), t_prev, -1)
+    torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
+    other = base.sample(z, c, num_steps=2, guidance=g1, sampler="zigzag", zigzag_t=600, gamma2=g2, spacing="trailing",
+                        zigzag="official" if convention == "paper" else "paper").latents
+    assert (other - out).abs().max() > 1e-3  # the conventions differ
 
 
 def test_zigzag_with_tz_above_T_equals_ddim(base):

@@ -18,7 +18,7 @@ import torch
 from flwr.app import RecordDict
 
 from fedapp.config import AUTO, ConfigError, opt
-from fedapp.models.prior.samplers import DEFAULT_GAMMA2, DEFAULT_ZIGZAG_T
+from fedapp.models.prior.samplers import DEFAULT_GAMMA2, DEFAULT_ZIGZAG_T, SPACINGS, ZIGZAG_CONVENTIONS
 from fedapp.protocols import EVALUATE, METRICS_KEY, NUM_EXAMPLES_KEY, Phase, ShardFacts
 from fedapp.protocols.records import check_arrays, check_at_most, check_float, check_integer, tensors_of
 
@@ -58,7 +58,7 @@ TRAIN = Phase("train", down=(PRIOR_WEIGHTS_KEY, PRIOR_FILES_KEY), up=(UPLOAD_KEY
 PHASES = (TRAIN, EVALUATE)
 # Run-config keys only the server reads (synthesis and its classifier): two runs that differ only in
 # these send the clients the same work, so an experiment may reuse the replies (fedapp.simulation).
-SERVER_ONLY_KEYS = frozenset({"espresso.sampler", "espresso.zigzag-t", "espresso.gamma1", "espresso.gamma2",
+SERVER_ONLY_KEYS = frozenset({"espresso.sampler", "espresso.zigzag-t", "espresso.zigzag", "espresso.gamma1", "espresso.gamma2",
                               "espresso.ratio", "espresso.synth-batch", "espresso.save-synthetic",
                               "server-epochs", "run-name", "out-dir"})
 SYNTHETIC_FILE = "synthetic.safetensors"  # in the run folder, with espresso.save-synthetic
@@ -78,10 +78,18 @@ class EspressoOptions:
                               help="guidance of the denoising steps (CFG vs the empty prompt); auto: the prior's "
                                    "own (tiny 3.0, Stable Diffusion 7.5)")
     gamma2: float = opt(DEFAULT_GAMMA2, low=0.0, help="guidance of Z-sampling's inversion step (< gamma1)")
-    steps: int = opt(10, low=1, high=1000, help="DDIM steps of the server's sampler (10: one zigzag above T_z=800)")
-    embed_steps: int = opt(100, low=0, help="Adam steps of condition learning per client (all conditions together)")
-    embed_lr: float = opt(0.01, low=0.0, low_open=True, help="Adam learning rate of condition learning")
-    embed_batch: int = opt(32, low=1, help="minibatch of condition learning")
+    zigzag: str = opt("paper", choices=ZIGZAG_CONVENTIONS,
+                      help="Z-sampling's inversion: paper (UNet at t-1, every step above T_z) or official (the "
+                           "Zigzag authors' code: UNet at t, every step above T_z but the last)")
+    steps: int = opt(50, low=1, high=1000, help="DDIM steps of the server's sampler (paper ~50: with trailing "
+                                                 "spacing and T_z=800, 10 zigzag steps at stride 20)")
+    spacing: str = opt("trailing", choices=SPACINGS,
+                       help="timestep spacing of the sampler: trailing starts at t = T-1 (where the model was "
+                            "trained); leading at T - T/steps. The clients fit the GMM of z^T at that first level")
+    embed_steps: int = opt(400, low=0, help="Adam steps of condition learning; every condition gets a gradient each step")
+    embed_lr: float = opt(0.05, low=0.0, low_open=True, help="Adam learning rate of condition learning")
+    embed_batch: int = opt(1, low=1, help="images per condition per step (a cluster's images when fewer); all "
+                                          "conditions' rows go through the UNet in one batched call")
     mixup_pairs: int = opt(64, low=1, help="MixUp'd latents per class for the GMM")
     mixup_alpha: float = opt(1.0, low=0.0, low_open=True, help="MixUp lambda ~ Beta(alpha, alpha)")
     diffusions_per_latent: int = opt(4, low=1, help="forward diffusions (fresh eps) of each MixUp'd latent")

@@ -226,10 +226,11 @@ class Prior:
         return a.sqrt() * x0 + (1 - a).sqrt() * noise
 
     def loss(self, z0: torch.Tensor, cond: Condition, t: torch.Tensor | None = None, noise: torch.Tensor | None = None,
-             generator: torch.Generator | None = None) -> torch.Tensor:
+             generator: torch.Generator | None = None, reduction: str = "mean") -> torch.Tensor:
         """The prior's own training objective, E_{t,eps} ||target - net(z_t, t, c)||^2 with the target of its
         prediction type (eps, v or x0); gradients reach a raw condition `cond` (Espresso's Eq. 8). For an
-        eps-prior this is exactly E||eps - eps_theta(sqrt(abar_t) z0 + sqrt(1-abar_t) eps, t, c)||^2."""
+        eps-prior this is exactly E||eps - eps_theta(sqrt(abar_t) z0 + sqrt(1-abar_t) eps, t, c)||^2.
+        reduction="none": one mean squared error per row (B,), whose mean is the "mean" loss."""
         batch = z0.shape[0]
         if t is None:
             t = torch.randint(0, self.num_train_timesteps, (batch,), generator=generator)
@@ -238,11 +239,14 @@ class Prior:
         t, noise = self._timestep(t, batch), noise.to(self.device, self.dtype)
         out = self.unet(self.add_noise(z0, noise, t), t, encoder_hidden_states=self.condition(cond, batch)).sample
         self.unet_rows += batch
-        return torch.nn.functional.mse_loss(out, diffusion_target(self.prediction_type, z0, noise, self._abar(t, z0)))
+        target = diffusion_target(self.prediction_type, z0, noise, self._abar(t, z0))
+        if reduction == "none":
+            return (out - target).pow(2).flatten(1).mean(1)
+        return torch.nn.functional.mse_loss(out, target)
 
-    def timesteps(self, num_steps: int) -> torch.Tensor:
-        """DDIM timesteps, descending ("leading" spacing + the pipeline's steps_offset)."""
-        return samplers.leading_timesteps(num_steps, self.num_train_timesteps, self.steps_offset)
+    def timesteps(self, num_steps: int, spacing: str = "leading") -> torch.Tensor:
+        """DDIM timesteps, descending ("leading" spacing + the pipeline's steps_offset, or "trailing")."""
+        return samplers.schedule(num_steps, self.num_train_timesteps, self.steps_offset, spacing)
 
     def ddim_step(self, z_t: torch.Tensor, eps: torch.Tensor, t, t_prev) -> torch.Tensor:
         """Deterministic DDIM (eta = 0), z_t -> z_{t_prev}:
@@ -270,9 +274,11 @@ class Prior:
     def sample(self, noise: torch.Tensor | int, cond: Condition, uncond: Condition | None = None,
                num_steps: int = 25, guidance: float = DEFAULT_GUIDANCE, sampler: str = "ddim",
                zigzag_t: int = DEFAULT_ZIGZAG_T, gamma2: float = DEFAULT_GAMMA2,
-               generator: torch.Generator | None = None) -> SampleResult:
+               generator: torch.Generator | None = None, spacing: str = "leading",
+               zigzag: str = "paper") -> SampleResult:
         """z_T = noise (a tensor (B, *latent_shape), or a batch size drawn with `generator`) -> images.
-        cond: prompts or raw condition embeddings (B|1, L, D); guidance is gamma1 for "zigzag"."""
+        cond: prompts or raw condition embeddings (B|1, L, D); guidance is gamma1 for "zigzag";
+        spacing: samplers.SPACINGS; zigzag: Z-sampling's convention, samplers.ZIGZAG_CONVENTIONS."""
         if isinstance(noise, int):
             noise = torch.randn(noise, *self.latent_shape, generator=generator)
         z = noise.to(self.device, self.dtype)
@@ -281,9 +287,9 @@ class Prior:
         uncond = None if uncond is None else self.condition(uncond, batch)
         rows0 = self.unet_rows
         if sampler == "ddim":
-            z0 = samplers.ddim_loop(self, z, cond, uncond, num_steps, guidance)
+            z0 = samplers.ddim_loop(self, z, cond, uncond, num_steps, guidance, spacing)
         elif sampler == "zigzag":
-            z0 = samplers.zigzag_loop(self, z, cond, uncond, num_steps, guidance, gamma2, zigzag_t)
+            z0 = samplers.zigzag_loop(self, z, cond, uncond, num_steps, guidance, gamma2, zigzag_t, spacing, zigzag)
         else:
             raise ValueError(f"sampler={sampler!r}: allowed 'ddim', 'zigzag'")
         return SampleResult(self.decode_latents(z0), z0, (self.unet_rows - rows0) // batch)

@@ -24,12 +24,23 @@ One DDIM inversion step t_prev -> t (Prior.ddim_invert_step): steps 2 and 5 with
 swapped, eps~ evaluated at (z_{t_prev}, t_prev) (it stands in for the unknown eps at (z_t, t)), no clipping.
 
 Z-sampling (zigzag; Bai et al. 2025, used by Espresso with T_z = 800 and gamma1 > gamma2), on every
-step whose timestep t > T_z:
+zigzag step (below):
   1. z~_{t_prev} = DDIM(z_t; eps~(., gamma1))              denoise with strong guidance
   2. z~_t        = DDIM^-1(z~_{t_prev}; eps~(., gamma2))   invert one step with weak guidance
   3. z_{t_prev}  = DDIM(z~_t; eps~(., gamma1))             denoise again
 The gap delta_gamma = gamma1 - gamma2 injects the condition's semantics into z~_t each zigzag.
-Steps with t <= T_z are plain DDIM steps; T_z >= T turns Z-sampling into DDIM.
+Two conventions (`zigzag=`), which differ in step 2's noise prediction and in which steps zigzag:
+  - "paper":    eps~ = eps~(z~_{t_prev}, t_prev, gamma2), the paper's DDIM inversion equation (the
+                noise at the lower level); every step with t > T_z zigzags.
+  - "official": eps~ = eps~(z~_{t_prev}, t, gamma2), as the authors' code (xie-lab-ml/Zigzag-Diffusion-
+                Sampling) evaluates the UNet at the current t; it zigzags on every step but the last
+                (its lambda = N - 1), here intersected with t > T_z.
+Other steps are plain DDIM steps; T_z >= T turns Z-sampling into DDIM.
+
+Timestep spacing (`spacing=`, diffusers' names): "leading" t_i = i * (T // N) + offset (the first level
+is T - T // N: t = 900 with 10 steps), "trailing" t_i = round(T - i * T / N) - 1 (the first level is
+T - 1, the top of the schedule the model was trained on, for every N; Lin et al. 2024).
+`start_timestep` is the level z_T lives at: Espresso's clients fit their GMM of z^T exactly there.
 """
 
 from __future__ import annotations
@@ -41,12 +52,53 @@ DEFAULT_GAMMA2 = 0.0  # gamma2 of the inversion step (Z-sampling paper: uncondit
 DEFAULT_ZIGZAG_T = 800  # T_z (Espresso)
 
 
+SPACINGS = ("leading", "trailing")
+ZIGZAG_CONVENTIONS = ("paper", "official")
+
+
 def leading_timesteps(num_steps: int, num_train_timesteps: int = 1000, steps_offset: int = 0) -> torch.Tensor:
     """The DDIM schedule, descending, as DDIMScheduler.set_timesteps with timestep_spacing="leading"."""
-    if not 1 <= num_steps <= num_train_timesteps:
-        raise ValueError(f"num_steps={num_steps}: must be in [1, {num_train_timesteps}]")
+    _check_steps(num_steps, num_train_timesteps)
     ratio = num_train_timesteps // num_steps
     return torch.arange(num_steps, dtype=torch.long).flip(0) * ratio + steps_offset
+
+
+def trailing_timesteps(num_steps: int, num_train_timesteps: int = 1000) -> torch.Tensor:
+    """Descending, as DDIMScheduler.set_timesteps with timestep_spacing="trailing": starts at T - 1."""
+    _check_steps(num_steps, num_train_timesteps)
+    ratio = num_train_timesteps / num_steps
+    return (torch.arange(num_train_timesteps, 0, -ratio, dtype=torch.float64).round() - 1).long()[:num_steps]
+
+
+def _check_steps(num_steps: int, num_train_timesteps: int) -> None:
+    if not 1 <= num_steps <= num_train_timesteps:
+        raise ValueError(f"num_steps={num_steps}: must be in [1, {num_train_timesteps}]")
+
+
+def schedule(num_steps: int, num_train_timesteps: int = 1000, steps_offset: int = 0,
+             spacing: str = "leading") -> torch.Tensor:
+    """The sampler's timesteps, descending, for a spacing in SPACINGS (trailing ignores steps_offset, as diffusers)."""
+    if spacing == "leading":
+        return leading_timesteps(num_steps, num_train_timesteps, steps_offset)
+    if spacing == "trailing":
+        return trailing_timesteps(num_steps, num_train_timesteps)
+    raise ValueError(f"spacing={spacing!r}: allowed {', '.join(SPACINGS)}")
+
+
+def start_timestep(prior, num_steps: int, spacing: str = "leading") -> int:
+    """The level the sampler starts from (its first timestep): where z^T is drawn, so where a GMM of z^T
+    must be fitted (Espresso's clients call this with the server's steps and spacing)."""
+    return int(prior.timesteps(num_steps, spacing)[0])
+
+
+def zigzag_steps(timesteps: torch.Tensor, zigzag_t: int, convention: str = "paper") -> torch.Tensor:
+    """Which steps of `timesteps` zigzag (bool mask): t > T_z; "official" also never the last step."""
+    if convention not in ZIGZAG_CONVENTIONS:
+        raise ValueError(f"zigzag={convention!r}: allowed {', '.join(ZIGZAG_CONVENTIONS)}")
+    mask = timesteps > zigzag_t
+    if convention == "official":
+        mask[-1:] = False
+    return mask
 
 
 def evals_per_prediction(guidance: float) -> int:
@@ -61,42 +113,51 @@ def expected_unet_evals(
     guidance2: float = DEFAULT_GAMMA2,
     num_train_timesteps: int = 1000,
     steps_offset: int = 0,
+    spacing: str = "leading",
+    convention: str = "paper",
 ) -> int:
     """Per-sample UNet evaluations a run spends, from the schedule alone (zigzag_t=None: DDIM).
 
-    DDIM: N * e(gamma1). Z-sampling adds e(gamma2) + e(gamma1) for each step with t > T_z.
+    DDIM: N * e(gamma1). Z-sampling adds e(gamma2) + e(gamma1) for each zigzag step.
     """
     per = evals_per_prediction(guidance1)
     n = num_steps * per
     if zigzag_t is not None:
-        ts = leading_timesteps(num_steps, num_train_timesteps, steps_offset)
-        n += int((ts > zigzag_t).sum()) * (evals_per_prediction(guidance2) + per)
+        ts = schedule(num_steps, num_train_timesteps, steps_offset, spacing)
+        n += int(zigzag_steps(ts, zigzag_t, convention).sum()) * (evals_per_prediction(guidance2) + per)
     return n
 
 
 @torch.no_grad()
 def ddim_loop(prior, z: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor | None, num_steps: int,
-              guidance: float) -> torch.Tensor:
+              guidance: float, spacing: str = "leading") -> torch.Tensor:
     """Deterministic DDIM (eta = 0) from z_T to z_0: steps 1-5 of the module docstring per timestep."""
-    stride = prior.num_train_timesteps // num_steps
-    for t in prior.timesteps(num_steps).tolist():
+    stride = prior.num_train_timesteps // num_steps  # t_prev = t - T // N, as DDIMScheduler.step
+    for t in prior.timesteps(num_steps, spacing).tolist():
         eps = prior.predict_noise(z, t, cond, guidance, uncond)
         z = prior.ddim_step(z, eps, t, t - stride)
     return z
 
 
+def inversion_timestep(t: int, t_prev: int, convention: str) -> int:
+    """The UNet's timestep for Z-sampling's inversion z~_{t_prev} -> z~_t: t_prev ("paper"; the clean end
+    t_prev < 0 uses 0) or t ("official")."""
+    return t if convention == "official" else max(t_prev, 0)
+
+
 @torch.no_grad()
 def zigzag_loop(prior, z: torch.Tensor, cond: torch.Tensor, uncond: torch.Tensor | None, num_steps: int,
-                guidance1: float, guidance2: float, zigzag_t: int) -> torch.Tensor:
-    """Z-sampling from z_T to z_0 (module docstring): zigzag on steps with t > T_z, DDIM below."""
+                guidance1: float, guidance2: float, zigzag_t: int, spacing: str = "leading",
+                convention: str = "paper") -> torch.Tensor:
+    """Z-sampling from z_T to z_0 (module docstring): zigzag on `zigzag_steps`, DDIM elsewhere."""
     stride = prior.num_train_timesteps // num_steps
-    for t in prior.timesteps(num_steps).tolist():
+    ts = prior.timesteps(num_steps, spacing)
+    for t, zigzag in zip(ts.tolist(), zigzag_steps(ts, zigzag_t, convention).tolist()):
         t_prev = t - stride
-        if t > zigzag_t:
+        if zigzag:
             eps = prior.predict_noise(z, t, cond, guidance1, uncond)
             z_tilde_prev = prior.ddim_step(z, eps, t, t_prev)  # 1. z~_{t-1}, gamma1
-            # inversion evaluates eps at (z~_{t-1}, t-1); the clean end (t_prev < 0) uses timestep 0
-            eps = prior.predict_noise(z_tilde_prev, max(t_prev, 0), cond, guidance2, uncond)
+            eps = prior.predict_noise(z_tilde_prev, inversion_timestep(t, t_prev, convention), cond, guidance2, uncond)
             z = prior.ddim_invert_step(z_tilde_prev, eps, t_prev, t)  # 2. z~_t, gamma2
         eps = prior.predict_noise(z, t, cond, guidance1, uncond)
         z = prior.ddim_step(z, eps, t, t_prev)  # 3. z_{t-1}, gamma1
