@@ -1,8 +1,10 @@
-"""Lines an operator can follow: fedapp's logger and the progress of long client phases.
+"""Lines an operator can follow: fedapp's logger and the progress of long phases.
 
 Client code logs through the "fedapp" logger like the server does. Under `flwr run` a Ray actor's
 stderr is forwarded to the driver, so these lines join Flower's log stream (`flwr log <run-id>`),
-e.g. `client 2: condition steps 120/400, 31 s`.
+e.g. `client 2: condition steps 120/400, 31 s`. The server's long phases add an ETA
+(`synthesis 1200/5000 images, 40 s, ETA 2 min`), and its rounds a line at each start and end
+(`round 3/20: train on 10 of 1000 clients`, `round 3/20 done in 12.1 s, ETA 3 min`).
 """
 
 from __future__ import annotations
@@ -47,17 +49,66 @@ def client_scope(partition_id: int) -> Iterator[None]:
         _CLIENT.reset(token)
 
 
-def track(items: Iterable[T], what: str, total: int | None = None) -> Iterator[T]:
-    """Yield `items` and log `client K: <what> i/total, S s` at a modest rate (see EVERY_*)."""
-    total = len(items) if total is None else total  # type: ignore[arg-type]
-    client = _CLIENT.get()
-    prefix = f"client {client}: " if client is not None else ""
-    step = max(1, int(total * EVERY_FRACTION))
-    t0 = last_t = time.monotonic()
-    last_i = 0
-    for i, item in enumerate(items, start=1):
-        yield item
+def duration(seconds: float) -> str:
+    """A human span: `40 s`, `3 min`, `1.5 h`."""
+    if seconds < 90:
+        return f"{seconds:.0f} s"
+    if seconds < 90 * 60:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+class Progress:
+    """`done` of `total` units of one phase, logged as `[client K: ]<what> i/total[ unit], S s[, ETA x]`
+    at most every EVERY_FRACTION of the work or EVERY_SECONDS, and at the end. The ETA assumes the
+    remaining units take as long as the done ones did on average."""
+
+    def __init__(self, what: str, total: int, unit: str = "", eta: bool = False):
+        client = _CLIENT.get()
+        self.prefix = f"client {client}: " if client is not None else ""
+        self.what, self.total, self.unit, self.eta = what, total, f" {unit}" if unit else "", eta
+        self.step = max(1, int(total * EVERY_FRACTION))
+        self.t0 = self.last_t = time.monotonic()
+        self.done = self.last_done = 0
+
+    def advance(self, n: int = 1) -> None:
+        self.done += n
         now = time.monotonic()
-        if i == total or i - last_i >= step or now - last_t >= EVERY_SECONDS:
-            log.info("%s%s %d/%d, %.0f s", prefix, what, i, total, now - t0)
-            last_i, last_t = i, now
+        if self.done >= self.total or self.done - self.last_done >= self.step or now - self.last_t >= EVERY_SECONDS:
+            elapsed = now - self.t0
+            line = f"{self.prefix}{self.what} {self.done}/{self.total}{self.unit}, {elapsed:.0f} s"
+            if self.eta and self.done < self.total:
+                line += f", ETA {duration(elapsed / self.done * (self.total - self.done))}"
+            log.info("%s", line)
+            self.last_done, self.last_t = self.done, now
+
+
+def track(items: Iterable[T], what: str, total: int | None = None, eta: bool = False) -> Iterator[T]:
+    """Yield `items`, logging `[client K: ]<what> i/total, S s[, ETA x]` at a modest rate (Progress)."""
+    progress = Progress(what, len(items) if total is None else total, eta=eta)  # type: ignore[arg-type]
+    for item in items:
+        yield item
+        progress.advance()
+
+
+class Rounds:
+    """Start and end lines of a server's round loop, with the ETA of the rounds left from the mean
+    round so far: `round 3/20: train on 10 of 1000 clients`, `round 3/20 done in 12.1 s, ETA 3 min`."""
+
+    def __init__(self, total: int, first: int = 1):
+        self.total, self.first = total, first
+        self.t0: float | None = None  # the first round's start: the initial evaluation is no round
+        self.round_t0 = 0.0
+
+    def start(self, rnd: int, what: str) -> None:
+        self.round_t0 = time.monotonic()
+        self.t0 = self.round_t0 if self.t0 is None else self.t0
+        log.info("round %d/%d: %s", rnd, self.total, what)
+
+    def end(self, rnd: int) -> None:
+        now = time.monotonic()
+        if self.t0 is None:  # ended without a start: nothing to time
+            return
+        done = rnd - self.first + 1
+        eta = f", ETA {duration((now - self.t0) / done * (self.total - rnd))}" if rnd < self.total else ""
+        log.info("round %d/%d done in %.1f s%s", rnd, self.total, now - self.round_t0, eta)

@@ -36,6 +36,7 @@ import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 
 from fedapp.images import save_class_grid
+from fedapp.progress import Progress
 from fedapp.protocols import CLIENT_KEY, DOMAIN_KEY, METRICS_KEY
 from fedapp.protocols import espresso as P
 from fedapp.protocols.records import partition_of, record_nbytes, tensors_of
@@ -55,16 +56,19 @@ def sample_gmm(weights: torch.Tensor, means: torch.Tensor, variances: torch.Tens
     return means[comp] + variances[comp].sqrt() * eps
 
 
+def images_per_class(counts: torch.Tensor, ratio: float) -> dict[int, int]:
+    """class y -> ratio x n_{k,y} images (at least one) for every class client k has."""
+    return {c: max(1, round(ratio * int(counts[c]))) for c in torch.nonzero(counts).flatten().tolist()}
+
+
 def plan_synthesis(u: dict[str, torch.Tensor], opts: P.EspressoOptions, prompt_cond: torch.Tensor,
                    latent_shape: tuple[int, ...], seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(labels (N,), z^T (N, *latent_shape), conditions (N, L, D)) for one client: ratio x n_{k,y}
     images per class. Conditions and noise come from two generators, so switching init or sampler
     leaves the picked conditions unchanged (a controlled ablation)."""
     g_cond, g_noise = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
-    counts = u["class_counts"]
     labels, noise, cond = [], [], []
-    for c in torch.nonzero(counts).flatten().tolist():
-        n = max(1, round(opts.ratio * int(counts[c])))
+    for c, n in images_per_class(u["class_counts"], opts.ratio).items():
         labels.append(torch.full((n,), c, dtype=torch.long))
         if opts.conditions == "prompts":
             cond.append(prompt_cond[c].expand(n, -1, -1))
@@ -82,10 +86,12 @@ def plan_synthesis(u: dict[str, torch.Tensor], opts: P.EspressoOptions, prompt_c
 
 
 @torch.no_grad()
-def denoise(prior, noise: torch.Tensor, cond: torch.Tensor, opts: P.EspressoOptions) -> tuple[torch.Tensor, int]:
+def denoise(prior, noise: torch.Tensor, cond: torch.Tensor, opts: P.EspressoOptions,
+            progress: Progress | None = None) -> tuple[torch.Tensor, int]:
     """z^T -> images with DDIM or Z-sampling (gamma1, gamma2, T_z, convention), CFG against the empty
     prompt, over `opts.steps` timesteps of `opts.spacing` starting at samplers.start_timestep;
-    returns (images (N, 3, H, W) in [-1, 1] on the CPU, UNet evaluations per image)."""
+    returns (images (N, 3, H, W) in [-1, 1] on the CPU, UNet evaluations per image). `progress`
+    counts the images."""
     images, evals = [], 0
     for s in range(0, len(noise), opts.synth_batch):
         out = prior.sample(noise[s:s + opts.synth_batch], cond[s:s + opts.synth_batch], num_steps=opts.steps,
@@ -93,14 +99,16 @@ def denoise(prior, noise: torch.Tensor, cond: torch.Tensor, opts: P.EspressoOpti
                            spacing=opts.spacing, zigzag=opts.zigzag)
         images.append(out.images.float().cpu())
         evals = out.unet_evals
+        if progress is not None:
+            progress.advance(len(images[-1]))
     return torch.cat(images), evals
 
 
 def synthesize_client(prior, u: dict[str, torch.Tensor], opts: P.EspressoOptions, prompt_cond: torch.Tensor,
-                      seed: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+                      seed: int, progress: Progress | None = None) -> tuple[torch.Tensor, torch.Tensor, int]:
     """D'_k: (images, labels, UNet evaluations per image) from client k's validated upload."""
     labels, noise, cond = plan_synthesis(u, opts, prompt_cond, prior.latent_shape, seed)
-    images, evals = denoise(prior, noise, cond, opts)
+    images, evals = denoise(prior, noise, cond, opts, progress)
     return images, labels, evals
 
 
@@ -150,8 +158,9 @@ class EspressoStrategy(OneShotStrategy):
         replies = self.exchange(grid, P.TRAIN, nodes, records, config=self.run_config_record())
         for r in keep_valid(self.run, replies, P.TRAIN, validate):
             self.keep_upload(r)
-        log.info("[train] kept uploads of clients %s (min-clients=%d); client seconds %s", sorted(self.uploads),
-                 self.run.cfg.min_clients, self.client_seconds)
+        secs = sorted(self.client_seconds.values()) or [0.0]  # a summary: one line at any number of clients
+        log.info("[train] kept %d uploads (min-clients=%d); client seconds median %.1f, max %.1f", len(self.uploads),
+                 self.run.cfg.min_clients, secs[len(secs) // 2], secs[-1])
 
     def keep_upload(self, reply: Message) -> None:
         pid = partition_of(reply)
@@ -167,16 +176,22 @@ class EspressoStrategy(OneShotStrategy):
             self.domains[pid] = domain
 
     # ---- server work: synthesis --------------------------------------------------------------------
+    def num_synthetic(self) -> int:
+        """How many images synthesis will make from the valid uploads."""
+        return sum(sum(images_per_class(u["class_counts"], self.opts.ratio).values()) for u in self.uploads.values())
+
     def synthesize_all(self, prompt_cond: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """The union of D'_k over the valid uploads (images, labels, client of each image, UNet evals per
         image); saves a grid of each client's synthetic images."""
         xs, ys, who, evals = [], [], [], 0
+        progress = Progress("synthesis", self.num_synthetic(), unit="images", eta=True)
         for pid, u in sorted(self.uploads.items()):
             t0 = time.time()
-            x, y, evals = synthesize_client(self.prior, u, self.opts, prompt_cond, derive_seed(self.run.cfg.seed, pid))
+            x, y, evals = synthesize_client(self.prior, u, self.opts, prompt_cond, derive_seed(self.run.cfg.seed, pid),
+                                            progress)
             name = f"synthetic_client{pid}" + (f"_{self.domains[pid]}" if self.domains.get(pid) else "")
             save_class_grid(x, y, num_classes, self.run.out.path("images", f"{name}.png"))
-            log.info("[synthesis] client %d: %d images in %.1fs (%d UNet evals/image)", pid, len(x),
+            log.debug("[synthesis] client %d: %d images in %.1fs (%d UNet evals/image)", pid, len(x),
                      time.time() - t0, evals)
             xs.append(x), ys.append(y), who.append(torch.full((len(y),), pid, dtype=torch.long))
         return torch.cat(xs), torch.cat(ys), torch.cat(who), evals
@@ -194,23 +209,20 @@ class EspressoStrategy(OneShotStrategy):
         cfg, run = self.run.cfg, self.run
         nodes = sorted(grid.get_node_ids())
         server = self.server_data(len(nodes))
-        t0 = time.time()
-        self.prior = load_or_build_prior(cfg.prior, cfg.dataset, run.device)
-        run.phase_seconds["prior"] = time.time() - t0
+        with run.phase("prior", f"load {cfg.prior}"):
+            self.prior = load_or_build_prior(cfg.prior, cfg.dataset, run.device)
         check = dict(opts=self.opts, num_classes=server.info.num_classes, cond_shape=self.prior.cond_shape,
                      latent_dim=int(torch.tensor(self.prior.latent_shape).prod()), max_bytes=cfg.max_upload_mb * 2**20)
         self.collect_uploads(grid, nodes, lambda c: P.validate_upload(c, **check))
 
-        t0 = time.time()
-        prompt_cond = self.prior.encode_prompts(class_prompts(cfg.dataset, server.info.class_names)).float().cpu()
-        x, y, who, evals = self.synthesize_all(prompt_cond, server.info.num_classes)
-        if self.opts.save_synthetic:
-            self.save_synthetic(x, y, who)
-        run.phase_seconds["synthesis"] = time.time() - t0
-        t0 = time.time()
-        model = train_global_classifier(cfg.model, x, y, server.info.num_classes, epochs=cfg.server_epochs,
-                                        seed=cfg.seed, device=run.device)
-        run.phase_seconds["classifier"] = time.time() - t0
+        with run.phase("synthesis", f"{self.num_synthetic()} images for {len(self.uploads)} clients"):
+            prompt_cond = self.prior.encode_prompts(class_prompts(cfg.dataset, server.info.class_names)).float().cpu()
+            x, y, who, evals = self.synthesize_all(prompt_cond, server.info.num_classes)
+            if self.opts.save_synthetic:
+                self.save_synthetic(x, y, who)
+        with run.phase("classifier", f"{cfg.server_epochs} epochs on {len(x)} synthetic images"):
+            model = train_global_classifier(cfg.model, x, y, server.info.num_classes, epochs=cfg.server_epochs,
+                                            seed=cfg.seed, device=run.device)
 
         metrics = self.evaluate_classifier(grid, model, server, nodes)
         metrics.update({

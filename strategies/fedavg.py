@@ -25,6 +25,7 @@ from flwr.serverapp.strategy import FedAvg, FedMedian, FedTrimmedAvg, Krum
 
 from fedapp.metrics import accuracy_by_group, weighted_client_accuracy
 from fedapp.models.classifier import build_classifier
+from fedapp.progress import Rounds
 from fedapp.protocols import ACCURACY_KEY, ARRAYS_KEY, NUM_EXAMPLES_KEY, RUN_KEY
 from fedapp.protocols import classify as P
 from fedapp.protocols.records import dtypes_of
@@ -55,6 +56,7 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
         self._dtypes: dict[str, str] = {}
         self._client_acc: dict[int, dict[str, Any]] = {}
         self.round_offset = 0  # rounds a resumed run already has: Flower's loop counts from 1 again
+        self.rounds = Rounds(run.cfg.num_server_rounds)  # the operator's round lines with an ETA
 
     # -- Flower hooks (rounds are the run's: Flower's + round_offset) -------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config, grid):
@@ -63,9 +65,12 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
         state = random.getstate()
         random.seed(derive_seed("fraction-train", self.run.cfg.seed, server_round + self.round_offset))
         try:
-            return super().configure_train(server_round + self.round_offset, arrays, config, grid)
+            messages = list(super().configure_train(server_round + self.round_offset, arrays, config, grid))
         finally:
             random.setstate(state)
+        self.rounds.start(server_round + self.round_offset,
+                          f"train on {len(messages)} of {len(grid.get_node_ids())} clients")
+        return messages
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config, grid):
         return super().configure_evaluate(server_round + self.round_offset, arrays, config, grid)
@@ -109,6 +114,8 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
         if server_round > 0:
             save_checkpoint(self.run.out, server_round, model.state_dict())
         log.info("[round %d] global test accuracy %.4f", server_round, metrics["accuracy"])
+        if server_round > 0:  # global_evaluate is the last step of Flower's round
+            self.rounds.end(server_round)
         return MetricRecord({ACCURACY_KEY: metrics["accuracy"]})
 
     def execute(self, grid) -> dict[str, Any]:
@@ -118,6 +125,7 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
         if self.run.resume_from is not None:  # continue after the checkpoint's round
             model.load_state_dict(self.run.resume_from.state)
             self.round_offset = self.run.resume_from.round
+            self.rounds.first = self.round_offset + 1
         initial = ArrayRecord(model.state_dict())
         self._expected = {k: tuple(a.shape) for k, a in initial.items()}
         self._dtypes = dtypes_of(initial)

@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import logging
-import time
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
@@ -36,10 +35,9 @@ Sampler = Callable[[torch.Tensor, int], Callable]
 
 @contextmanager
 def timed(run: ServerRun, name: str) -> Iterator[None]:
-    """Wall time of one server phase into summary.json's phase_seconds."""
-    t0 = time.time()
-    yield
-    run.phase_seconds[name] = time.time() - t0
+    """One server phase: start and end lines, and its wall time in summary.json (ServerRun.phase)."""
+    with run.phase(name):
+        yield
 
 
 class FlowTask:

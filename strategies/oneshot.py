@@ -27,7 +27,7 @@ def train_global_classifier(model: str, x: torch.Tensor, y: torch.Tensor, num_cl
 
     torch.manual_seed(seed)
     net = build_classifier(model, num_classes).to(device)
-    return train_classifier(net, x, y, epochs=epochs, seed=seed)
+    return train_classifier(net, x, y, epochs=epochs, seed=seed, progress="server training epoch")
 
 
 def parameter_bytes(model: torch.nn.Module) -> int:

@@ -39,3 +39,70 @@ def test_a_slow_phase_logs_at_least_every_ten_seconds(fedapp_log, monkeypatch):
 def test_tiny_phases_log_their_end(fedapp_log, n):
     list(track(range(n), "steps"))
     assert [(d, t) for d, t, _ in _counts(fedapp_log, "steps")] == [(n, n)] * n
+
+
+# ---- the server's lines: ETA, rounds, phases ------------------------------------------------------------
+def test_duration_reads_as_seconds_minutes_or_hours():
+    assert [progress.duration(s) for s in (0.4, 89, 150, 5399, 5400)] == ["0 s", "89 s", "2 min", "90 min", "1.5 h"]
+
+
+def test_a_server_phase_logs_its_eta_from_the_mean_rate(fedapp_log, monkeypatch):
+    clock = iter([0.0, 10.0, 20.0])  # created at 0; 1000 images by 10 s, 1500 more by 20 s
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    p = progress.Progress("synthesis", 5000, unit="images", eta=True)
+    p.advance(1000)
+    p.advance(1500)
+    assert [r.getMessage() for r in fedapp_log.records] == [
+        "synthesis 1000/5000 images, 10 s, ETA 40 s", "synthesis 2500/5000 images, 20 s, ETA 20 s"]
+
+
+def test_round_lines_count_rounds_and_estimate_the_rest(fedapp_log, monkeypatch):
+    clock = iter([0.0, 12.0, 12.0, 30.0])  # round 1 takes 12 s, round 2 18 s
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    rounds = progress.Rounds(total=12)
+    for rnd in (1, 2):
+        rounds.start(rnd, "train on 5 of 100 clients")
+        rounds.end(rnd)
+    assert [r.getMessage() for r in fedapp_log.records] == [
+        "round 1/12: train on 5 of 100 clients", "round 1/12 done in 12.0 s, ETA 2 min",  # 11 x 12 s
+        "round 2/12: train on 5 of 100 clients", "round 2/12 done in 18.0 s, ETA 2 min"]  # 10 x 15 s
+
+
+@pytest.mark.usefixtures("inside_a_run", "one_torch_thread")
+def test_a_fedavg_simulation_logs_each_round_with_its_sample_and_eta(fedapp_log, tmp_path):
+    from fedapp.simulation import simulate_in_process
+
+    simulate_in_process({"method": "fedavg", "dataset": "digits", "partitioner.name": "iid", "partitioner.per-class": 3,
+                         "num-server-rounds": 3, "local-epochs": 1, "min-clients": 2, "fraction-train": 0.5,
+                         "out-dir": str(tmp_path)}, 4)
+    lines = [r.getMessage() for r in fedapp_log.records if r.getMessage().startswith("round ")]
+    assert [re.sub(r"[\d.]+ s|\d+ min", "T", line) for line in lines] == [
+        "round 1/3: train on 2 of 4 clients", "round 1/3 done in T, ETA T",
+        "round 2/3: train on 2 of 4 clients", "round 2/3 done in T, ETA T",
+        "round 3/3: train on 2 of 4 clients", "round 3/3 done in T"]
+
+
+@pytest.mark.usefixtures("inside_a_run", "one_torch_thread")
+def test_espresso_logs_its_phases_synthesis_and_server_epochs(fedapp_log, tmp_path):
+    from fedapp.models.prior.tiny import TEST_CONFIG, random_tiny_prior
+    from fedapp.simulation import simulate_in_process
+
+    prior = random_tiny_prior(TEST_CONFIG, dataset="digit-styles", seed=0).save_pretrained(tmp_path / "prior")
+    s = simulate_in_process({"method": "espresso", "dataset": "digit-styles", "partitioner.name": "domain",
+                             "partitioner.per-class": 2, "min-clients": 2, "prior": str(prior),
+                             "espresso.embed-steps": 2, "espresso.steps": 2, "espresso.ratio": 1.0,
+                             "espresso.mixup-pairs": 4, "espresso.diffusions-per-latent": 1, "espresso.embed-batch": 8,
+                             "espresso.synth-batch": 8, "server-epochs": 3, "out-dir": str(tmp_path)}, 2)
+    n = s["metrics"]["num_synthetic"]
+    assert n == 2 * 2 * 10  # ratio 1 x 2 images per class x 10 classes x 2 clients
+    lines = [r.getMessage() for r in fedapp_log.records if not r.getMessage().startswith("client ")]
+    assert f"synthesis: {n} images for 2 clients" in lines and "classifier: 3 epochs on 40 synthetic images" in lines
+    assert "[train] to 2 clients" in lines and "[evaluate] to 2 clients" in lines
+    synth = [tuple(map(int, m.groups())) for m in (re.fullmatch(r"synthesis (\d+)/(\d+) images, \d+ s(?:, ETA .+)?", x)
+                                                  for x in lines) if m]
+    assert synth[-1] == (n, n) and all(t == n for _, t in synth) and [d for d, _ in synth] == sorted(d for d, _ in synth)
+    epochs = [x for x in lines if x.startswith("server training epoch ")]
+    assert [re.sub(r", \d+ s.*", "", x) for x in epochs] == [f"server training epoch {i}/3" for i in (1, 2, 3)]
+    assert all("ETA" in x for x in epochs[:2]) and "ETA" not in epochs[-1]
+    for phase in ("prior", "synthesis", "classifier"):
+        assert any(re.fullmatch(rf"{phase} done in [\d.]+ s", x) for x in lines), phase

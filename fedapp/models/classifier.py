@@ -34,15 +34,19 @@ class SmallCNN(nn.Module):
 
 
 def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs: int = 10, lr: float = 2e-3,
-                     batch: int = 64, seed: int = 0, weight_decay: float = 1e-4) -> nn.Module:
-    """AdamW with a cosine learning rate over `epochs` passes of shuffled minibatches (seeded)."""
+                     batch: int = 64, seed: int = 0, weight_decay: float = 1e-4,
+                     progress: str | None = None) -> nn.Module:
+    """AdamW with a cosine learning rate over `epochs` passes of shuffled minibatches (seeded);
+    `progress` names the epochs in progress lines with an ETA (fedapp.progress), e.g. on the server."""
+    from fedapp.progress import track
+
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
     total = epochs * max(1, -(-len(x) // batch))
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, total)
     model.train()
-    for _ in range(epochs):
+    for _ in (track(range(epochs), progress, eta=True) if progress else range(epochs)):
         perm = torch.randperm(len(x), generator=g)
         for i in range(0, len(x), batch):
             idx = perm[i:i + batch]

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,6 +37,18 @@ class ServerRun:
 
     def add_seconds(self, phase: str, seconds: float) -> None:
         self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + seconds
+
+    @contextlib.contextmanager
+    def phase(self, name: str, what: str = "") -> Iterator[None]:
+        """One server phase: a start line (`synthesis: 5000 images for 4 clients`), an end line
+        (`synthesis done in 40.2 s`) and its wall time in summary.json's phase_seconds."""
+        log.info("%s: %s", name, what or "start")
+        t0 = time.time()
+        try:
+            yield
+        finally:
+            self.add_seconds(name, time.time() - t0)
+            log.info("%s done in %.1f s", name, time.time() - t0)
 
     def client_label(self, node_id: int) -> str:
         pid = self.node_partition.get(node_id)

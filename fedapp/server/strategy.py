@@ -68,6 +68,7 @@ class PhasedStrategy(FedappStrategy):
                 raise ValueError(f"phase {phase.name}: records {sorted(unknown)} are not in its protocol")
             return RecordDict({RUN_KEY: conf, **records})
 
+        log.info("[%s] to %d clients", phase.message_type, len(nodes))  # the grid logs the replies
         replies = grid.send_and_receive(make_messages(nodes, phase.message_type, content),
                                         timeout=self.run.cfg.round_timeout)
         return replies if validate is None else keep_valid(self.run, replies, phase, validate)
