@@ -124,3 +124,36 @@ def test_evaluate_reports_accuracy_and_grid(built):
     assert 0 <= out["sample_accuracy"] <= 1 and out["sample_guidance"] in (1.0, 3.0)
     assert set(out["accuracy_by_guidance"]) == {"1.0", "3.0"} and out["zigzag"]["unet_evals"] > 0
     assert (folder / "samples.png").is_file()
+
+
+# ---- a prior trained on some domains only (tiny@<domain>) ---------------------------------------------
+def test_a_domain_prior_has_its_own_cache_folder_and_the_full_one_keeps_its_name():
+    from fedapp.models.prior.spec import resolve_prior
+
+    full, photo = resolve_prior("tiny", "digit-styles"), resolve_prior("tiny:digit-styles@photo")
+    assert full.domains is None and photo.domains == ("photo",) and photo.dataset == "digit-styles"
+    assert full.folder.name == "digit-styles-7645dc2a5c7f"  # the key of an all-domain prior did not change
+    assert photo.folder.name.startswith("digit-styles@photo-") and photo.folder.parent == full.folder.parent
+    assert resolve_prior("tiny@sketch+photo", "digit-styles").folder == resolve_prior("tiny@photo+sketch", "digit-styles").folder
+
+
+@pytest.mark.parametrize("spec,dataset,why", [
+    ("tiny@fresco", "digit-styles", "prior='tiny@fresco': domains 'fresco': allowed one or more of photo, sketch, "
+                                    "clipart, quickdraw"),
+    ("tiny@", "digit-styles", "prior='tiny@': domains '': allowed one or more of"),
+    ("tiny@photo", "digits", "prior='tiny@photo': domains 'photo': dataset 'digits' has no domains")])
+def test_unknown_prior_domains_are_refused_naming_the_allowed_ones(spec, dataset, why):
+    from fedapp.models.prior.spec import resolve_prior
+
+    with pytest.raises(ValueError, match=why):
+        resolve_prior(spec, dataset)
+
+
+def test_a_domain_prior_trains_on_those_domains_public_images_only():
+    import feddata
+    from fedapp.models.prior.tiny.train import public_data
+
+    pub = feddata.load_server_data("digit-styles", "iid", {}, 0, num_partitions=4, image_size=16).public
+    x, y, _ = public_data("digit-styles", 16, 0, domains=("photo", "quickdraw"))
+    keep = (pub.attrs["domain"] == 0) | (pub.attrs["domain"] == 3)
+    assert 0 < len(x) < len(pub.x) and torch.equal(x, pub.x[keep]) and torch.equal(y, pub.y[keep])

@@ -3,6 +3,9 @@
 Three kinds:
   - `tiny` / `tiny:<dataset>`: the built-in tiny prior of that dataset (default: the run's dataset,
     else digit-styles), found in its content-addressed cache folder and built there on request;
+    `tiny@<domain>[+<domain>...]` / `tiny:<dataset>@...`: the same prior trained on those domains of
+    the public split only (`tiny@photo`: a prior that has never seen sketch, clipart or quickdraw,
+    as Stable Diffusion's plain prompts miss the styles the Espresso paper's clients hold);
   - a local folder in the SD-1.5 layout (unet/, text_encoder/, tokenizer/, scheduler/, vae/ optional);
   - a Hugging Face hub id of an SD-1.5-layout pipeline ("owner/name").
 resolve_prior says which kind a spec is and where it lives, without loading anything; load_prior
@@ -23,7 +26,7 @@ from .pipeline import Prior, load_components
 
 log = logging.getLogger("fedapp")
 
-ALLOWED = ("allowed: 'tiny', 'tiny:<dataset>', a local folder with unet/, text_encoder/, tokenizer/, "
+ALLOWED = ("allowed: 'tiny', 'tiny:<dataset>' (either + '@<domain>[+<domain>...]'), a local folder with unet/, text_encoder/, tokenizer/, "
            "scheduler/ (vae/ optional), or a Hugging Face id such as 'runwayml/stable-diffusion-v1-5'")
 REQUIRED = ("unet", "text_encoder", "tokenizer", "scheduler")  # vae/ is optional: pixel space without it
 
@@ -33,6 +36,7 @@ class PriorSource:
     kind: str  # "tiny", "folder" or "hub"
     location: str  # the folder (tiny: its cache folder, which may not be built yet) or the hub id
     dataset: str | None = None  # tiny: the dataset it is trained on
+    domains: tuple[str, ...] | None = None  # tiny: the domains of its training images (None: all)
 
     @property
     def folder(self) -> Path | None:
@@ -48,7 +52,7 @@ def tiny_image_size(dataset: str) -> int:
 
 
 def is_tiny(spec: str | Path) -> bool:
-    return str(spec) == "tiny" or str(spec).startswith("tiny:")
+    return str(spec) == "tiny" or str(spec).startswith(("tiny:", "tiny@"))
 
 
 def resolve_prior(spec: str | Path, dataset: str | None = None, cache_dir: str | Path | None = None) -> PriorSource:
@@ -58,9 +62,15 @@ def resolve_prior(spec: str | Path, dataset: str | None = None, cache_dir: str |
     if is_tiny(spec):
         from .tiny import DEFAULT_DATASET, tiny_prior_path
 
-        ds = spec.partition(":")[2] or dataset or DEFAULT_DATASET
+        name, _, doms = spec.partition("@")
+        ds = name.partition(":")[2] or dataset or DEFAULT_DATASET
+        try:
+            domains = tiny_domains(ds, doms) if "@" in spec else None
+        except ValueError as err:
+            raise ValueError(f"prior={spec!r}: {err}") from None
         # built at the dataset's native size (16 for the 8x8 sets, 28 for the MNIST sets)
-        return PriorSource("tiny", str(tiny_prior_path(ds, tiny_image_size(ds), cache_dir=cache_dir)), ds)
+        folder = tiny_prior_path(ds, tiny_image_size(ds), cache_dir=cache_dir, domains=domains)
+        return PriorSource("tiny", str(folder), ds, domains)
     path = Path(spec).expanduser()
     if path.is_dir():
         missing = [s for s in REQUIRED if not (path / s).is_dir()]
@@ -71,6 +81,17 @@ def resolve_prior(spec: str | Path, dataset: str | None = None, cache_dir: str |
     if spec.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
         raise ValueError(f"prior={spec!r}: no such folder and not a known name; {ALLOWED}")
     return PriorSource("hub", spec)
+
+
+def tiny_domains(dataset: str, spec: str) -> tuple[str, ...]:
+    """The domains of `tiny@a+b`, checked against the dataset's (a ValueError names the allowed ones)."""
+    from feddata import dataset_info
+
+    from .tiny.train import domain_ids
+
+    domains = tuple(d for d in spec.split("+") if d)
+    domain_ids(dataset, domains, dataset_info(dataset).attributes)  # raises on an unknown or empty list
+    return domains
 
 
 def _config_json(src: PriorSource, component: str) -> dict | None:
@@ -152,7 +173,7 @@ def load_prior(name_or_path: str | Path, device: str | torch.device = "cpu", dty
                              f"{src.folder}; build it with `python -m fedapp.models.prior.tiny --dataset {src.dataset}`")
         from .tiny import build_tiny_prior
 
-        build_tiny_prior(src.dataset, tiny_image_size(src.dataset), cache_dir=cache_dir)
+        build_tiny_prior(src.dataset, tiny_image_size(src.dataset), cache_dir=cache_dir, domains=src.domains)
     if src.kind != "hub":
         return load_components(src.location, device, dtype)
     try:

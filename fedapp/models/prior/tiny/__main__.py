@@ -61,6 +61,8 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--image-size", type=int, default=0, help="0: the dataset's native size (what `tiny` resolves to)")
     p.add_argument("--steps", type=int, default=DEFAULT_STEPS)
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--domains", default=None, help="train on these domains only, e.g. photo or photo+sketch "
+                                                    "(what the spec tiny@photo loads)")
     p.add_argument("--cache-dir", default=None)
     p.add_argument("--docs", default="docs", help="folder for the sample grid and figures ('' to skip)")
     p.add_argument("--no-eval", action="store_true")
@@ -75,7 +77,12 @@ def main(argv: list[str] | None = None) -> None:
     from feddata import native_size
 
     size = a.image_size or native_size(a.dataset)
-    folder = build_tiny_prior(a.dataset, size, a.steps, a.seed, a.cache_dir, config=config)
+    domains = None
+    if a.domains is not None:
+        from fedapp.models.prior.spec import tiny_domains
+
+        domains = tiny_domains(a.dataset, a.domains)
+    folder = build_tiny_prior(a.dataset, size, a.steps, a.seed, a.cache_dir, config=config, domains=domains)
     build_seconds = time.time() - t0
     print(f"prior: {folder} ({build_seconds:.0f} s this call)")
     if a.no_eval:

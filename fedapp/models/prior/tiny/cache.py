@@ -29,9 +29,12 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
     return Path(os.environ.get("FEDAPP_CACHE", "~/.cache/fedapp")).expanduser() / "priors"
 
 
-def _key(dataset: str, image_size: int, steps: int, seed: int, config: TinyPriorConfig, data_hash: str = "") -> str:
+def _key(dataset: str, image_size: int, steps: int, seed: int, config: TinyPriorConfig, data_hash: str = "",
+         domains: tuple[str, ...] | None = None) -> str:
     facts = {"config": asdict(config), "dataset": dataset, "image_size": image_size, "steps": steps, "seed": seed,
              "code": CODE_VERSION, "data": data_hash}
+    if domains is not None:  # only then: a prior of all domains keeps the key (and folder) it always had
+        facts["domains"] = sorted(domains)
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -44,10 +47,12 @@ def hash_data(x: torch.Tensor, y: torch.Tensor, class_names: list[str]) -> str:
 
 def tiny_prior_path(dataset: str, image_size: int = DEFAULT_IMAGE_SIZE, steps: int = DEFAULT_STEPS, seed: int = 0,
                     cache_dir: str | Path | None = None, config: TinyPriorConfig | None = None,
-                    data_hash: str = "") -> Path:
-    """The cache folder `<root>/<dataset>-<hash>` of that build (it may not exist yet)."""
+                    data_hash: str = "", domains: tuple[str, ...] | None = None) -> Path:
+    """The cache folder `<root>/<dataset>-<hash>` of that build (it may not exist yet); a prior trained
+    on some domains only is `<root>/<dataset>@<domain>+...-<hash>`."""
     config = config or TinyPriorConfig()
-    return cache_root(cache_dir) / f"{dataset}-{_key(dataset, image_size, steps, seed, config, data_hash)}"
+    name = dataset + (f"@{'+'.join(sorted(domains))}" if domains is not None else "")
+    return cache_root(cache_dir) / f"{name}-{_key(dataset, image_size, steps, seed, config, data_hash, domains)}"
 
 
 def write_json(path: Path, obj) -> None:

@@ -23,12 +23,29 @@ from .config import CODE_VERSION, DEFAULT_IMAGE_SIZE, DEFAULT_STEPS, TinyPriorCo
 from .modules import build_modules
 
 
-def public_data(dataset: str, image_size: int = DEFAULT_IMAGE_SIZE, seed: int = 0):
-    """(x, y, class_names) of the dataset's public split (feddata; independent of the partitioner)."""
+def public_data(dataset: str, image_size: int = DEFAULT_IMAGE_SIZE, seed: int = 0,
+                domains: tuple[str, ...] | None = None):
+    """(x, y, class_names) of the dataset's public split (feddata; independent of the partitioner);
+    with `domains`, only its images of those domains (a prior that has never seen the others)."""
     import feddata
 
     server = feddata.load_server_data(dataset, "iid", {}, seed, num_partitions=4, image_size=image_size)
-    return server.public.x, server.public.y, list(server.info.class_names)
+    pub = server.public
+    if domains is not None:
+        keep = torch.isin(pub.attrs["domain"], torch.tensor(domain_ids(dataset, domains, server.info.attributes)))
+        pub = pub.subset(torch.nonzero(keep).flatten())
+    return pub.x, pub.y, list(server.info.class_names)
+
+
+def domain_ids(dataset: str, domains: tuple[str, ...], attributes: dict[str, list[str]]) -> list[int]:
+    """Indices of `domains` in the dataset's domain attribute; a ValueError names what is allowed."""
+    allowed = attributes.get("domain")
+    if not allowed:
+        raise ValueError(f"domains {'+'.join(domains)!r}: dataset {dataset!r} has no domains")
+    if not domains or any(d not in allowed for d in domains):
+        raise ValueError(f"domains {'+'.join(domains)!r}: allowed one or more of {', '.join(allowed)} "
+                         f"(the domains of {dataset!r}), joined by '+'")
+    return [allowed.index(d) for d in domains]
 
 
 def lr_factor(step: int, steps: int, warmup: float, schedule: str = "constant") -> float:
@@ -115,24 +132,26 @@ def train_tiny_prior(x: torch.Tensor, y: torch.Tensor, prompts: list[str], confi
 
 def build_tiny_prior(dataset: str, image_size: int = DEFAULT_IMAGE_SIZE, steps: int = DEFAULT_STEPS, seed: int = 0,
                      cache_dir: str | Path | None = None, progress: bool = True, *,
-                     config: TinyPriorConfig | None = None, data=None) -> Path:
+                     config: TinyPriorConfig | None = None, data=None, domains: tuple[str, ...] | None = None) -> Path:
     """Train (or find cached) the tiny prior of `dataset`; returns its folder.
 
     data: optional (x, y, class_names) replacing feddata's public split (tests); it then enters the
-    cache key through a hash of its contents. The folder appears whole or not at all (cache.publish).
+    cache key through a hash of its contents. domains: train on the public images of these domains
+    only (their own cache key). The folder appears whole or not at all (cache.publish).
     """
     config = config or TinyPriorConfig()
     folder = tiny_prior_path(dataset, image_size, steps, seed, cache_dir, config,
-                             hash_data(*data) if data is not None else "")
+                             hash_data(*data) if data is not None else "", domains)
     if (folder / "prior_meta.json").is_file():
         return folder
-    x, y, class_names = data if data is not None else public_data(dataset, image_size, seed)
+    x, y, class_names = data if data is not None else public_data(dataset, image_size, seed, domains)
     x, y = x.float(), y.long()
     if x.shape[-1] != image_size:
         raise ValueError(f"image_size={image_size}: data has {tuple(x.shape[-2:])} images")
     prompts = class_prompts(dataset, class_names)
     tokenizer, text_encoder, unet, scheduler, facts = train_tiny_prior(x, y, prompts, config, steps, seed, progress)
-    meta = {"dataset": dataset, "image_size": image_size, "seed": seed, "class_names": class_names,
+    meta = {"dataset": dataset, "domains": sorted(domains) if domains is not None else "all",
+            "image_size": image_size, "seed": seed, "class_names": class_names,
             "prompts": prompts, "config": asdict(config), "code_version": CODE_VERSION, **facts}
 
     def write(tmp: Path) -> None:
