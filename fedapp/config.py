@@ -142,6 +142,10 @@ class CommonConfig:
     fraction_train: float = opt(1.0, low=0.0, low_open=True, high=1.0,
                                 help="round-based methods: share of the connected nodes Flower's FedAvg samples "
                                      "for each training round (at least min-clients)")
+    fraction_evaluate: float = opt(1.0, low=0.0, high=1.0,
+                                   help="round-based classification methods: share of the connected nodes each "
+                                        "round's federated evaluation asks (at least min-clients; 0: none, the "
+                                        "server's global test set only)")
     prior: str = opt("tiny", help="diffusion prior: tiny, a HF id or a local folder")
     round_timeout: float = opt(3600.0, low=0.0, low_open=True)
     node_timeout: float = opt(600.0, low=0.0, low_open=True, help="seconds the server waits for min-clients nodes")

@@ -104,9 +104,12 @@ def check_fraction_train(cfg: RunConfig, methods: Mapping[str, Any] | None = Non
     """Client sampling is Flower FedAvg's: only the strategies on its round loop honour it."""
     from fedapp import registry
 
-    if cfg.fraction_train < 1.0 and not getattr(registry.strategy_class(cfg.method, methods), "samples_clients", False):
-        raise ConfigError(f"fraction-train={cfg.fraction_train}: method={cfg.method!r} trains every client; must be "
-                          "1.0, or pick a round-based classification method (fedavg, fedprox, moon, feddifrc)")
+    samples = getattr(registry.strategy_class(cfg.method, methods), "samples_clients", False)
+    for key, value, does in (("fraction-train", cfg.fraction_train, "trains"),
+                             ("fraction-evaluate", cfg.fraction_evaluate, "evaluates")):
+        if value < 1.0 and not samples:
+            raise ConfigError(f"{key}={value}: method={cfg.method!r} {does} every client; must be 1.0, or pick a "
+                              "round-based classification method (fedavg, fedprox, moon, feddifrc)")
 
 
 def check_nodes(cfg: RunConfig, num_nodes: int) -> None:

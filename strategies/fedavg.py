@@ -42,13 +42,15 @@ AGGREGATORS = {"mean": None, "median": FedMedian, "trimmed-mean": FedTrimmedAvg,
 
 class FedAvgStrategy(FedappStrategy, FedAvg):
     train_phase = P.TRAIN  # a method whose clients report more train metrics declares its own
-    samples_clients = True  # honours `fraction-train` (fedapp.preflight refuses it for other strategies)
+    samples_clients = True  # honours `fraction-train`, `fraction-evaluate` (fedapp.preflight refuses them elsewhere)
 
     def __init__(self, run: ServerRun, **kwargs: Any):
         n = run.cfg.min_clients
         keys = dict(weighted_by_key=NUM_EXAMPLES_KEY, arrayrecord_key=ARRAYS_KEY, configrecord_key=RUN_KEY)
-        super().__init__(min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n,
-                         fraction_train=run.cfg.fraction_train, **keys, **kwargs)
+        evaluates = run.cfg.fraction_evaluate > 0  # 0: no federated evaluation (Flower skips it)
+        super().__init__(min_train_nodes=n, min_evaluate_nodes=n if evaluates else 0, min_available_nodes=n,
+                         fraction_train=run.cfg.fraction_train, fraction_evaluate=run.cfg.fraction_evaluate,
+                         **keys, **kwargs)
         self.bind(run)
         robust = AGGREGATORS[run.cfg.aggregation]
         self.aggregator = robust(**keys) if robust is not None else None
@@ -60,20 +62,23 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
 
     # -- Flower hooks (rounds are the run's: Flower's + round_offset) -------------------------------------
     def configure_train(self, server_round: int, arrays: ArrayRecord, config, grid):
-        # Flower samples the round's nodes with the `random` module over grid.get_node_ids(): seeding it per
-        # round makes the sample reproducible wherever node ids are (in-process runs, fixed deployments)
-        state = random.getstate()
-        random.seed(derive_seed("fraction-train", self.run.cfg.seed, server_round + self.round_offset))
-        try:
-            messages = list(super().configure_train(server_round + self.round_offset, arrays, config, grid))
-        finally:
-            random.setstate(state)
+        messages = self._seeded("fraction-train", super().configure_train, server_round, arrays, config, grid)
         self.rounds.start(server_round + self.round_offset,
                           f"train on {len(messages)} of {len(grid.get_node_ids())} clients")
         return messages
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config, grid):
-        return super().configure_evaluate(server_round + self.round_offset, arrays, config, grid)
+        return self._seeded("fraction-evaluate", super().configure_evaluate, server_round, arrays, config, grid)
+
+    def _seeded(self, key: str, configure, server_round: int, *args) -> list[Message]:
+        # Flower samples the round's nodes with the `random` module over grid.get_node_ids(): seeding it per
+        # round makes the sample reproducible wherever node ids are (in-process runs, fixed deployments)
+        state = random.getstate()
+        random.seed(derive_seed(key, self.run.cfg.seed, server_round + self.round_offset))
+        try:
+            return list(configure(server_round + self.round_offset, *args))
+        finally:
+            random.setstate(state)
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         """The valid uploads only (the gate: fedapp.server.validation), aggregated as `aggregation` says."""

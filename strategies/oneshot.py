@@ -34,6 +34,16 @@ def parameter_bytes(model: torch.nn.Module) -> int:
     return sum(t.numel() * t.element_size() for t in model.state_dict().values())
 
 
+def log_client_accuracies(acc: dict[int, dict[str, Any]], listed: int = 20) -> None:
+    """Each client's accuracy, or with more than `listed` clients their min / median / max: one short line."""
+    if len(acc) <= listed:
+        log.info("per-client test accuracy: %s", {k: round(v["accuracy"], 4) for k, v in sorted(acc.items())})
+        return
+    vals = sorted(v["accuracy"] for v in acc.values())
+    log.info("per-client test accuracy over %d clients: min %.4f, median %.4f, max %.4f", len(vals), vals[0],
+             vals[len(vals) // 2], vals[-1])
+
+
 class OneShotStrategy(PhasedStrategy):
     """A one-shot method: the method's own phases, then one evaluate phase."""
 
@@ -46,7 +56,7 @@ class OneShotStrategy(PhasedStrategy):
         replies = self.exchange(grid, classify.EVALUATE, nodes, lambda n: {ARRAYS_KEY: weights},
                                 validate=classify.validate_evaluate)
         acc = classify.client_accuracies(replies)
-        log.info("per-client test accuracy: %s", {k: round(v["accuracy"], 4) for k, v in acc.items()})
+        log_client_accuracies(acc)
         metrics.update(weighted_client_accuracy(acc))
         metrics["client_domain"] = {str(k): v["domain"] for k, v in sorted(acc.items()) if v["domain"] is not None}
         metrics["classifier_bytes"] = parameter_bytes(model)

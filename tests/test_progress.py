@@ -106,3 +106,13 @@ def test_espresso_logs_its_phases_synthesis_and_server_epochs(fedapp_log, tmp_pa
     assert all("ETA" in x for x in epochs[:2]) and "ETA" not in epochs[-1]
     for phase in ("prior", "synthesis", "classifier"):
         assert any(re.fullmatch(rf"{phase} done in [\d.]+ s", x) for x in lines), phase
+
+
+def test_one_shot_client_accuracies_stay_one_short_line_at_many_clients(fedapp_log):
+    from strategies.oneshot import log_client_accuracies
+
+    log_client_accuracies({k: {"accuracy": k / 100} for k in (2, 1)})
+    log_client_accuracies({k: {"accuracy": k / 1000} for k in range(1000)})
+    assert [r.getMessage() for r in fedapp_log.records] == [
+        "per-client test accuracy: {1: 0.01, 2: 0.02}",
+        "per-client test accuracy over 1000 clients: min 0.0000, median 0.5000, max 0.9990"]

@@ -223,6 +223,19 @@ def test_fraction_train_samples_that_share_of_nodes_reproducibly(tmp_path):
     assert len(sampled(0, 1, fraction=1.0)) == 10
 
 
+def test_fraction_evaluate_asks_that_share_of_nodes_or_none(tmp_path):
+    def asked(fraction, rnd=1):
+        cfg = parse_run_config({"min-clients": 2, "fraction-evaluate": fraction, "out-dir": str(tmp_path)})
+        strat = FedAvgStrategy(ServerRun(cfg=cfg, out=RunDir(tmp_path / "r")))
+        msgs = strat.configure_evaluate(rnd, ArrayRecord({"w": torch.zeros(2)}), ConfigRecord({}), _Nodes(10))
+        return sorted(m.metadata.dst_node_id for m in msgs)
+
+    assert len(asked(0.3)) == 3 and asked(0.3) == asked(0.3)  # Flower's int(10 * 0.3), seeded per round
+    assert len({tuple(asked(0.3, r)) for r in range(1, 6)}) > 1
+    assert len(asked(0.1)) == 2 and len(asked(1.0)) == 10  # never fewer than min-clients
+    assert asked(0.0) == []  # the global test set only
+
+
 def test_fraction_train_is_refused_where_no_client_sampling_exists(tmp_path):
     from fedapp.config import ConfigError
     from fedapp.preflight import check_fraction_train
@@ -230,5 +243,7 @@ def test_fraction_train_is_refused_where_no_client_sampling_exists(tmp_path):
     check_fraction_train(parse_run_config({"method": "feddifrc", "fraction-train": 0.5}))
     with pytest.raises(ConfigError, match="fraction-train=0.5: method='espresso' trains every client"):
         check_fraction_train(parse_run_config({"method": "espresso", "fraction-train": 0.5}))
+    with pytest.raises(ConfigError, match="fraction-evaluate=0.5: method='pfdm' evaluates every client"):
+        check_fraction_train(parse_run_config({"method": "pfdm", "fraction-evaluate": 0.5}))
     with pytest.raises(ConfigError, match="fraction-train=0.0: must be > 0"):
         parse_run_config({"fraction-train": 0.0})
