@@ -2,7 +2,9 @@
 
 iid, dirichlet and pathological are flwr-datasets' partitioners run on a small
 `datasets.Dataset` of (label, row) pairs; domain, attribute-holdout and minority do not
-exist there and are written here. Every draw comes from the run seed.
+exist there and are written here; dirichlet-domain is flwr-datasets' Dirichlet partitioner run on one
+domain's rows (the label-skew setting of the Espresso paper: every client in the same style, labels
+skewed by Dirichlet(alpha)). Every draw comes from the run seed.
 
 Coverage of the pool: iid, dirichlet and minority (with >= 2 clients) give every pool row to
 exactly one client. pathological leaves out classes no client drew (with fewer clients than
@@ -21,7 +23,8 @@ import numpy as np
 from .builtin import with_attribute
 from .types import BaseData, config_error
 
-PARTITIONERS: tuple[str, ...] = ("iid", "dirichlet", "pathological", "domain", "attribute-holdout", "minority")
+PARTITIONERS: tuple[str, ...] = ("iid", "dirichlet", "pathological", "domain", "attribute-holdout", "minority",
+                                  "dirichlet-domain")
 _PER_CLASS = {"per-class": (int, 0)}  # cap of training images per class per client, 0 = none
 PARTITIONER_PARAMS: dict[str, dict[str, tuple[type, object]]] = {
     "iid": {**_PER_CLASS},
@@ -30,6 +33,7 @@ PARTITIONER_PARAMS: dict[str, dict[str, tuple[type, object]]] = {
     "domain": {**_PER_CLASS},
     "attribute-holdout": {"coverage": (float, 0.5), "split": (str, "iid"), **_PER_CLASS},
     "minority": {"minority-classes": (int, 2), "minority-fraction": (float, 0.1), **_PER_CLASS},
+    "dirichlet-domain": {"alpha": (float, 0.5), "min-partition-size": (int, 10), "domain": (str, "photo"), **_PER_CLASS},
 }
 HOLDOUT_SPLITS = ("iid", "non-iid")
 _RANGES = {
@@ -41,6 +45,7 @@ _RANGES = {
     "minority-classes": (lambda v: v >= 1, "must be >= 1"),
     "minority-fraction": (lambda v: 0 < v <= 1, "must be in (0, 1]"),
     "per-class": (lambda v: v >= 0, "must be >= 0 (0 = no cap)"),
+    "domain": (lambda v: bool(v), "must name one of the dataset's domains"),  # which ones: partition() checks
 }
 
 
@@ -149,21 +154,10 @@ def partition(b: BaseData, pool: np.ndarray, partitioner: str, p: dict, seed: in
         rows = _iid(b, pool, n, rng)
         return Assignment(rows, [{} for _ in rows], train_caps=caps)
     if partitioner == "dirichlet":
-        from flwr_datasets.partitioner import DirichletPartitioner
-
-        part = DirichletPartitioner(
-            n, partition_by="label", alpha=p["alpha"], min_partition_size=p["min-partition-size"],
-            self_balancing=False, seed=seed,
-        )
-        try:
-            rows = _run_flwr(part, _label_table(b.y[pool], pool, rng), n)
-        except ValueError as e:
-            raise config_error(
-                "partitioner.alpha", p["alpha"],
-                f"could not give each of {n} clients >= {p['min-partition-size']} samples ({e}); "
-                "raise alpha or lower partitioner.min-partition-size",
-            ) from None
+        rows = _dirichlet(b, pool, p, seed, n, rng)
         return Assignment(rows, [{} for _ in rows], train_caps=caps)
+    if partitioner == "dirichlet-domain":
+        return _dirichlet_domain(b, pool, p, seed, n, rng, caps)
     if partitioner == "pathological":
         from flwr_datasets.partitioner import PathologicalPartitioner
 
@@ -186,13 +180,47 @@ def partition(b: BaseData, pool: np.ndarray, partitioner: str, p: dict, seed: in
     raise AssertionError(partitioner)
 
 
+def _dirichlet(b, pool, p, seed, n, rng) -> list[np.ndarray]:
+    """flwr-datasets' DirichletPartitioner over the labels of `pool`: client label shares ~ Dir(alpha)."""
+    from flwr_datasets.partitioner import DirichletPartitioner
+
+    part = DirichletPartitioner(
+        n, partition_by="label", alpha=p["alpha"], min_partition_size=p["min-partition-size"],
+        self_balancing=False, seed=seed,
+    )
+    try:
+        return _run_flwr(part, _label_table(b.y[pool], pool, rng), n)
+    except ValueError as e:
+        raise config_error(
+            "partitioner.alpha", p["alpha"],
+            f"could not give each of {n} clients >= {p['min-partition-size']} samples ({e}); "
+            "raise alpha or lower partitioner.min-partition-size",
+        ) from None
+
+
+def _domain_names(b, partitioner: str) -> list[str]:
+    if "domain" not in b.attrs:
+        raise config_error("partitioner", partitioner,
+                           f"dataset {b.info.name} has no domain attribute; use {' or '.join(with_attribute('domain'))}")
+    return list(b.info.attributes["domain"])
+
+
+def _dirichlet_domain(b, pool, p, seed, n, rng, caps) -> Assignment:
+    """Label skew within one domain: the pool's rows of `partitioner.domain` split by Dirichlet(alpha).
+    Each source image has one rendering per domain, so one domain's rows never share a source."""
+    names = _domain_names(b, "dirichlet-domain")
+    if p["domain"] not in names:
+        raise config_error("partitioner.domain", p["domain"], f"allowed: {', '.join(names)} (dataset {b.info.name})")
+    d = names.index(p["domain"])
+    rows = _dirichlet(b, pool[b.attrs["domain"][pool] == d], p, seed, n, rng)
+    meta = [{"domain": names[d], "domain_id": d} for _ in range(n)]
+    return Assignment(rows, meta, server_meta={"domains": names}, train_caps=caps)
+
+
 def _domain(b, pool, n, rng, caps) -> Assignment:
     """Client i gets domain i mod D. Pool sources are also dealt out so that no source image
     reaches two clients (the same digit in two styles on two clients would leak content)."""
-    if "domain" not in b.attrs:
-        raise config_error("partitioner", "domain",
-                           f"dataset {b.info.name} has no domain attribute; use {' or '.join(with_attribute('domain'))}")
-    names = b.info.attributes["domain"]
+    names = _domain_names(b, "domain")
     d = len(names)
     used = min(n, d)
     src_ids, first = np.unique(b.source[pool], return_index=True)

@@ -606,3 +606,21 @@ def test_cached_call_is_cheap():
         fd.load_client_shard("digit-styles", "domain", {"per-class": 16}, 0, k, 4)
     fd.load_server_data("digit-styles", "domain", {"per-class": 16}, 0, 4)
     assert time.perf_counter() - t < 1.0
+
+
+def test_dirichlet_domain_skews_labels_within_one_domain():
+    """The Espresso paper's label-skew setting: every client in the chosen domain, labels Dirichlet-skewed,
+    the domain's pool rows split exactly once."""
+    ss = shards("digit-styles", "dirichlet-domain", {"alpha": 0.1, "domain": "sketch"}, 4, seed=1)
+    sketch = fd.DOMAINS.index("sketch")
+    b = sources.load_base("digit-styles", 16)
+    pool = fd.base_split("digit-styles")["pool"]
+    assert_disjoint_cover([rows_of(s) for s in ss], pool[b.attrs["domain"][pool] == sketch])
+    for s in ss:
+        assert s.meta["domain"] == "sketch" and set(s.train.attrs["domain"].tolist()) == {sketch}
+    labels = [np.concatenate([s.train.y.numpy(), s.test.y.numpy()]) for s in ss]
+    assert np.mean([entropy(y) for y in labels]) < 0.8 * np.log(10)  # skewed, far from uniform
+    with pytest.raises(ValueError, match="partitioner.domain=fresco: allowed: photo, sketch, clipart, quickdraw"):
+        shards("digit-styles", "dirichlet-domain", {"domain": "fresco"}, 4)
+    with pytest.raises(ValueError, match="partitioner=dirichlet-domain: dataset digits has no domain attribute"):
+        shards("digits", "dirichlet-domain", {}, 4)
