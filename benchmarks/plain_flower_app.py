@@ -17,7 +17,9 @@ from clients.classify import evaluate, local_train
 from fedapp.models.classifier import build_classifier
 from feddata import load_client_shard, load_server_data
 
-SETTINGS = {"dataset": "digits", "partitioner": "iid", "params": {"per-class": 0}, "seed": 0, "epochs": 3,
+# per-class from the environment: set by sim_overhead.py before Ray starts, so the actors see it too
+SETTINGS = {"dataset": "digits", "partitioner": "iid",
+            "params": {"per-class": int(os.environ.get("PLAIN_FLOWER_PER_CLASS", "0"))}, "seed": 0, "epochs": 3,
             "lr": 0.02, "batch": 16, "image_size": 16}
 RESULT_ENV = "PLAIN_FLOWER_RESULT"  # where the ServerApp writes its final global accuracy (JSON)
 
