@@ -115,14 +115,25 @@ def fidelity_readers(server, seed: int, epochs: int = 40) -> dict[str, Any]:
     return out
 
 
-def fidelity(readers: dict[str, Any], synth: list[tuple[torch.Tensor, torch.Tensor]], domains: list[int]) -> dict:
+def fidelity(readers: dict[str, Any], synth: list[tuple[torch.Tensor, torch.Tensor]], domains: list[int],
+             real: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
     """Share of the synthetic images whose class the class reader reads as the intended one, and
-    share of client k's images the domain reader puts in client k's domain (chance: 1/4)."""
+    share of client k's images the domain reader puts in client k's domain (chance: 1/4). With the
+    clients' real images: diversity, the intra-class spread of the class reader's features, synthetic
+    over real (fedapp.metrics.diversity_ratio; 1 = as diverse as the real data)."""
     from fedapp.models.classifier import predict
 
     cls = torch.cat([(predict(readers["class"], x) == y).float() for x, y in synth])
     dom = torch.cat([(predict(readers["domain"], x) == d).float() for (x, _), d in zip(synth, domains)])
-    return {"class_fidelity": float(cls.mean()), "domain_fidelity": float(dom.mean())}
+    out = {"class_fidelity": float(cls.mean()), "domain_fidelity": float(dom.mean())}
+    if real is not None:
+        from fedapp.metrics import diversity_ratio
+        from fedapp.models.classifier import embed_all
+
+        x, y = torch.cat([x for x, _ in synth]), torch.cat([y for _, y in synth])
+        out["diversity"] = diversity_ratio(embed_all(readers["class"], x), y, embed_all(readers["class"], real[0]),
+                                           real[1])["mean"]
+    return out
 
 
 def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> tuple[dict, dict]:
@@ -152,7 +163,8 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
             synth = {}
         if readers is not None:
             pids = sorted(synth)
-            results[name].update(fidelity(readers, [synth[p] for p in pids], [domain_ids[p] for p in pids]))
+            real = (torch.cat([s.train.x for s in shards]), torch.cat([s.train.y for s in shards]))
+            results[name].update(fidelity(readers, [synth[p] for p in pids], [domain_ids[p] for p in pids], real))
         if keep_images and name in PANELS:
             images.update({(name, shards[p].meta["domain"]): xy for p, xy in synth.items()})
         seconds[name] = {"wall": round(time.time() - t0, 1), **summary["phase_seconds"],
@@ -220,16 +232,19 @@ def table(per_seed: dict[str, dict], domains: list[str]) -> tuple[str, dict]:
 
 
 def fidelity_table(per_seed: dict[str, dict]) -> str:
-    """Class and domain fidelity (%) of each row's training images, mean ± std over seeds ('' if not measured)."""
+    """Class and domain fidelity (%) and diversity (synthetic / real intra-class feature spread) of each row's
+    training images, mean ± std over seeds ('' if not measured)."""
     names = [n for n, _, _ in ROWS if all("domain_fidelity" in s["results"].get(n, {}) for s in per_seed.values())]
     if not names:
         return ""
-    lines = ["| config | class fidelity | domain fidelity |", "|---|---|---|"]
+    lines = ["| config | class fidelity | domain fidelity | diversity (synthetic / real) |", "|---|---|---|---|"]
     for n in names:
         cells = []
         for key in ("class_fidelity", "domain_fidelity"):
             v = [100 * s["results"][n][key] for s in per_seed.values()]
             cells.append(f"{np.mean(v):.1f} ± {np.std(v):.1f}")
+        v = [s["results"][n].get("diversity", np.nan) for s in per_seed.values()]
+        cells.append(f"{np.mean(v):.2f} ± {np.std(v):.2f}")
         lines.append(f"| {n} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

@@ -7,7 +7,9 @@
 - KID on the same features (torchmetrics' KernelInceptionDistance): unbiased at small n, where the
   Frechet distance's covariance fit is rank-deficient and its bias dominates;
 - composition accuracy: both attributes of a sample read back as requested;
-- membership-inference figures: ROC AUC, best attack accuracy, TPR at 1% FPR.
+- membership-inference figures: ROC AUC, best attack accuracy, TPR at 1% FPR;
+- intra-class diversity: mean pairwise feature distance within each class, and its ratio synthetic /
+  real (what a sampler that sharpens class evidence, such as Z-sampling, may trade away).
 """
 
 from __future__ import annotations
@@ -92,6 +94,30 @@ def feature_distances(name: str, feats_fake: np.ndarray, feats_real: np.ndarray,
     """What every generation table reports for one group: {name}_distance (Frechet), {name}_kid, {name}_kid_std."""
     kid, kid_std = kernel_distance(feats_fake, feats_real, seed=seed)
     return {f"{name}_distance": frechet_distance(feats_fake, feats_real), f"{name}_kid": kid, f"{name}_kid_std": kid_std}
+
+
+def intra_class_diversity(feats: torch.Tensor, labels: torch.Tensor, max_per_class: int = 1000,
+                          seed: int = 0) -> dict[int, float]:
+    """Per class with >= 2 images: the mean Euclidean distance between the features of two different
+    images of that class (a seeded subsample of max_per_class images when larger: O(n^2) pairs)."""
+    g = torch.Generator().manual_seed(seed)
+    out = {}
+    for c in torch.unique(labels).tolist():
+        f = feats[labels == c].double()
+        if len(f) > max_per_class:
+            f = f[torch.randperm(len(f), generator=g)[:max_per_class]]
+        if len(f) >= 2:
+            out[int(c)] = float(torch.cdist(f, f).sum() / (len(f) * (len(f) - 1)))  # the diagonal is 0
+    return out
+
+
+def diversity_ratio(fake_feats: torch.Tensor, fake_y: torch.Tensor, real_feats: torch.Tensor,
+                    real_y: torch.Tensor) -> dict[str, Any]:
+    """intra_class_diversity of the synthetic data over the real data's, per class both have (with a
+    non-zero real spread), and their mean: 1 = as diverse as the real data, < 1 = collapsed."""
+    fake, real = intra_class_diversity(fake_feats, fake_y), intra_class_diversity(real_feats, real_y)
+    per = {c: fake[c] / real[c] for c in sorted(fake.keys() & real.keys()) if real[c] > 0}
+    return {"per_class": per, "mean": float(np.mean(list(per.values()))) if per else float("nan")}
 
 
 def composition_accuracy(pred_a: torch.Tensor, pred_b: torch.Tensor,

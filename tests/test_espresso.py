@@ -449,6 +449,8 @@ def test_ablation_command_writes_every_row_table_and_figures(tmp_path, prior_dir
             # ratio 1.0: each synthetic row has as many images as the clients' real data
             assert r["num_train"] == 2 * 10 * 2
             assert 0 <= r["class_fidelity"] <= 1 and 0 <= r["domain_fidelity"] <= 1
+            # the ceiling's training set is the clients' real images: exactly as diverse as themselves
+            assert r["diversity"] == pytest.approx(1.0) if name == "Ceiling" else r["diversity"] > 0
         assert 0 <= res["readers"]["domain_reader_test_accuracy"] <= 1
     accs = [100 * s["results"]["C"]["mean_domain_accuracy"] for s in out["per_seed"].values()]
     assert out["summary"]["C"]["avg"]["mean"] == pytest.approx(np.mean(accs))

@@ -8,7 +8,13 @@ import numpy as np
 import pytest
 import torch
 
-from fedapp.metrics import feature_distances, frechet_distance, kernel_distance
+from fedapp.metrics import (
+    diversity_ratio,
+    feature_distances,
+    frechet_distance,
+    intra_class_diversity,
+    kernel_distance,
+)
 
 
 def gaussian_features(n: int, d: int, shift: float = 0.0, scale: float = 1.0, seed: int = 0) -> np.ndarray:
@@ -61,3 +67,17 @@ def test_generation_eval_reports_kid_and_its_std_beside_the_frechet_distance():
     assert out["mean_kid"] == pytest.approx((out["majority_kid"] + out["minority_kid"]) / 2)
     feats = ev.features(x[y == 3]), ev.features(ev.server.test.x[ev.server.test.y == 3])
     assert out["minority_kid"] == feature_distances("m", *feats)["m_kid"]
+
+
+def test_intra_class_diversity_is_the_mean_pairwise_distance_and_its_ratio_scales():
+    feats = torch.tensor([[0.0, 0.0], [1.0, 0.0], [3.0, 0.0], [5.0, 5.0], [7.0, 7.0]])
+    y = torch.tensor([0, 0, 0, 1, 2])
+    div = intra_class_diversity(feats, y)
+    assert div == {0: pytest.approx((1 + 3 + 2) / 3)}  # class 1 and 2 have one image: no pair
+    g = torch.Generator().manual_seed(0)
+    real, ry = torch.randn(200, 8, generator=g), torch.arange(200) % 4
+    fake = real.clone()
+    fake[ry == 1] *= 0.5  # class 1 collapsed to half its spread, the rest a copy of the real data
+    r = diversity_ratio(fake, ry, real, ry)
+    assert r["per_class"] == {0: pytest.approx(1.0), 1: pytest.approx(0.5), 2: pytest.approx(1.0), 3: pytest.approx(1.0)}
+    assert r["mean"] == pytest.approx(3.5 / 4)
