@@ -5,6 +5,10 @@ writes <out>/espresso_ablation.json, <out>/espresso_ablation.png and <out>/espre
 (--out defaults to docs).
 
     python -m experiments espresso-ablation [--seeds 0 1 2] [--set espresso.steps=10 ...]
+    # issue 15's settings: real 28 px digits, a prior that has seen photo only, label skew in one domain
+    python -m experiments espresso-ablation --set dataset=mnist-styles prior=tiny@photo
+    python -m experiments espresso-ablation --set partitioner.name=dirichlet-domain \
+        partitioner.domain=photo partitioner.alpha=0.5
 
 How it runs: every row is a run config executed by the real strategy through
 `fedapp.simulation.simulate_in_process` (the server's run_server, the clients' handlers in this
@@ -351,7 +355,8 @@ def main(argv: list[str]) -> None:
         opts = {k: v for k, v in cfg.flat().items() if k.startswith("espresso.") and k != "espresso.save-synthetic"
                 or k in ("model", "server-epochs", "prior", "image-size")}
         atomic_write_json(path, {
-            "setting": {"dataset": cfg.dataset, "partitioner": "domain", "clients": a.clients,
+            "setting": {"dataset": cfg.dataset, "partitioner": cfg.partitioner, **cfg.partitioner_params,
+                        "clients": a.clients,
                         "per-class": a.per_class, "seeds": a.seeds, "config": opts,
                         "ceiling_epochs": ceiling_epochs(cfg)},
             "how": "one process per seed (--jobs); each row a run of the real strategy (prompts, class-embed, espresso "
