@@ -6,9 +6,10 @@ A client like the default `flwr run .` (digit-styles, 16 images per class, J = 4
 images) on the tiny prior's architecture with random weights (timing does not depend on the weights).
 It times `learn_conditions` (every condition's rows in one UNet call per step) and
 `learn_conditions_loop` (one condition at a time, the same draws) for --steps Adam steps, checks that
-they return the same embeddings, and times today's-before-this-change learner too: one minibatch of 32
-images drawn over the whole client per step (100 steps at lr 0.01 was its default), to put the new
-default (400 steps, one image per condition) in seconds per client pass.
+they return the same embeddings, and times the learner before batching too
+(`learn_conditions_minibatch`: one minibatch of 32 images over the whole client per step, 100 steps
+at lr 0.01 its default), to put the new default (200 steps, one image per condition) in seconds
+per client pass.
 """
 
 from __future__ import annotations
@@ -22,24 +23,12 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from clients.espresso import learn_conditions, learn_conditions_loop
+from clients.espresso import (
+    learn_conditions,
+    learn_conditions_loop,
+    learn_conditions_minibatch,
+)
 from fedapp.models.prior.tiny import TinyPriorConfig, random_tiny_prior
-
-
-def mixed_minibatch(prior, z0, owner, init, *, steps: int, lr: float, batch: int, seed: int) -> torch.Tensor:
-    """The learner before batching: `batch` images drawn over the whole client per step, each row with
-    its image's condition (a condition gets a gradient only in the steps that draw one of its images)."""
-    c = init.clone().requires_grad_(True)
-    opt, g = torch.optim.Adam([c], lr=lr), torch.Generator().manual_seed(seed)
-    for _ in range(steps):
-        idx = torch.randint(0, len(z0), (batch,), generator=g)
-        t = torch.randint(0, prior.num_train_timesteps, (batch,), generator=g)
-        eps = torch.randn(batch, *z0.shape[1:], generator=g)
-        loss = prior.loss(z0[idx], c[owner[idx]], t, eps)
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return c.detach()
 
 
 def timed(fn, *args, **kw) -> tuple[torch.Tensor, float]:
@@ -69,7 +58,7 @@ def main() -> None:
           f"{a.batch} image(s) per condition per step, torch {torch.__version__}, {torch.get_num_threads()} thread(s)")
     batched, s_batched = timed(learn_conditions, prior, z0, owner, init, **kw)
     looped, s_loop = timed(learn_conditions_loop, prior, z0, owner, init, **kw)
-    _, s_mixed = timed(mixed_minibatch, prior, z0, owner, init, steps=a.steps, lr=0.01, batch=32, seed=0)
+    _, s_mixed = timed(learn_conditions_minibatch, prior, z0, owner, init, steps=a.steps, lr=0.01, batch=32, seed=0)
     diff = float((batched - looped).abs().max())
     print(f"{'learner':<34} {'rows/step':>9} {'s/step':>7} {'s (steps)':>9}")
     rows = {"batched (learn_conditions)": (min(a.batch, a.per_class // a.clusters) * e, s_batched),
@@ -78,8 +67,8 @@ def main() -> None:
     for name, (r, s) in rows.items():
         print(f"{name:<34} {r:>9} {s / a.steps:>7.3f} {s:>9.2f}")
     print(f"loop / batched time ratio: {s_loop / s_batched:.2f}x; max |batched - loop| = {diff:.2e}")
-    print(f"condition learning per client pass: new default (400 steps) ~{400 * s_batched / a.steps:.0f} s, "
-          f"before (100 steps of 32) ~{100 * s_mixed / a.steps:.0f} s, the loop at 400 steps ~{400 * s_loop / a.steps:.0f} s")
+    print(f"condition learning per client pass: new default (200 steps) ~{200 * s_batched / a.steps:.0f} s, "
+          f"before (100 steps of 32) ~{100 * s_mixed / a.steps:.0f} s, the loop at 200 steps ~{200 * s_loop / a.steps:.0f} s")
 
 
 if __name__ == "__main__":

@@ -483,3 +483,26 @@ def test_fidelity_counts_the_intended_class_and_the_clients_own_domain():
                    [(x0, torch.tensor([1, 1, 2, 2])), (x1, torch.tensor([3, 0]))], domains=[1, 3])
     assert got["class_fidelity"] == pytest.approx(4 / 6)  # 1, 1, 2 and the first 3 are read right
     assert got["domain_fidelity"] == pytest.approx(4 / 6)  # client 0 (domain 1): two of four; client 1: both
+
+
+def test_condition_diagnostic_runs_each_learner_and_refuses_a_bad_setting(prior, shard):
+    from experiments import espresso_conditions as ec
+
+    class Reader(torch.nn.Module):  # reads every image as class 0, domain 0 (photo: the shard's domain)
+        def __init__(self):
+            super().__init__()
+            self.unused = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, x):
+            return torch.nn.functional.one_hot(torch.zeros(len(x), dtype=torch.long), 10).float()
+
+    cfg = parse_run_config({"method": "espresso", **FAST})
+    prompts = class_prompts(DATASET, shard.info.class_names)
+    for text in ("2:0.05:1", "2:0.01:4:minibatch"):
+        row = ec.run_setting(ec.parse_setting(text), cfg, prior, [shard], prompts, {"class": Reader(), "domain": Reader()},
+                             ["photo", "sketch", "clipart", "quickdraw"], seed=0)
+        assert row["domain_fidelity"] == 1.0 and row["class_fidelity"] == pytest.approx(1 / 10)  # 3 per class
+        assert len(row["client_seconds"]) == 1
+    assert client.learn_conditions.__name__ == "learn_conditions"  # the diagnostic put the learner back
+    with pytest.raises(ConfigError, match="--settings '200:0.05': must be steps:lr:batch"):
+        ec.parse_setting("200:0.05")

@@ -34,7 +34,7 @@ def workdir(tmp_path):
 
 
 def test_every_experiment_is_listed():
-    assert available() == ["dcfm", "dcfm-toy", "espresso-ablation", "feddifrc", "pfdm"]
+    assert available() == ["dcfm", "dcfm-toy", "espresso-ablation", "espresso-conditions", "feddifrc", "pfdm"]
 
 
 @pytest.mark.parametrize("name", available())

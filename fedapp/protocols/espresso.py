@@ -86,7 +86,7 @@ class EspressoOptions:
     spacing: str = opt("trailing", choices=SPACINGS,
                        help="timestep spacing of the sampler: trailing starts at t = T-1 (where the model was "
                             "trained); leading at T - T/steps. The clients fit the GMM of z^T at that first level")
-    embed_steps: int = opt(400, low=0, help="Adam steps of condition learning; every condition gets a gradient each step")
+    embed_steps: int = opt(200, low=0, help="Adam steps of condition learning; every condition gets a gradient each step")
     embed_lr: float = opt(0.05, low=0.0, low_open=True, help="Adam learning rate of condition learning")
     embed_batch: int = opt(1, low=1, help="images per condition per step (a cluster's images when fewer); all "
                                           "conditions' rows go through the UNet in one batched call")

@@ -1,0 +1,115 @@
+"""Espresso's condition learning, diagnosed: class and domain fidelity of the C row's synthetic images
+for several (embed-steps, embed-lr, embed-batch) settings, and the client seconds each costs.
+
+    python -m experiments espresso-conditions [--settings 100:0.01:32:minibatch 200:0.05:1 ...] \\
+        [--clients 0 3] [--set dataset=mnist-styles prior=tiny@photo ...]
+
+For each setting, each listed client (its shard as the run builds it) computes its upload with
+N(0, I) noise (clients/espresso.py; `minibatch`: the learner before batching,
+learn_conditions_minibatch), the server synthesises 1x its data from those conditions with DDIM
+(strategies/espresso.py), and two SmallCNNs trained on real public images read each image's class and
+domain (experiments.espresso_ablation: fidelity_readers, fidelity). Writes <out>/espresso_conditions.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from experiments.common import config_errors_exit, parse_set, prog, quiet_logs
+from fedapp.config import ConfigError
+
+DEFAULT_SETTINGS = ["100:0.01:32:minibatch", "100:0.05:1", "200:0.05:1", "400:0.05:1"]
+
+
+def parse_setting(text: str) -> dict[str, Any]:
+    """'steps:lr:batch[:batched|minibatch]' -> {steps, lr, batch, learner}; a ConfigError says the form."""
+    parts = text.split(":")
+    try:
+        if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] not in ("batched", "minibatch")):
+            raise ValueError
+        return {"steps": int(parts[0]), "lr": float(parts[1]), "batch": int(parts[2]),
+                "learner": parts[3] if len(parts) == 4 else "batched"}
+    except ValueError:
+        raise ConfigError(f"--settings {text!r}: must be steps:lr:batch[:batched|minibatch], e.g. 200:0.05:1") from None
+
+
+def run_setting(setting: dict[str, Any], cfg, prior, shards: list, prompts: list[str], readers, domains: list[str],
+                seed: int) -> dict[str, Any]:
+    """Fidelity of the C row's images (1x, Gaussian noise, DDIM) from conditions learned with `setting`."""
+    from clients import espresso as client
+    from experiments.espresso_ablation import fidelity
+    from strategies import espresso as server
+
+    opts = dataclasses.replace(cfg.options, init="gaussian", sampler="ddim", ratio=1.0, embed_steps=setting["steps"],
+                               embed_lr=setting["lr"], embed_batch=setting["batch"],
+                               gamma1=server.P.guidance(cfg.options, cfg))
+    learner = client.learn_conditions_minibatch if setting["learner"] == "minibatch" else client.learn_conditions
+    real, client.learn_conditions = client.learn_conditions, learner  # what espresso_upload calls
+    synth, seconds = [], []
+    try:
+        for sh in shards:
+            t0 = time.time()
+            up = client.espresso_upload(prior, sh.train.x, sh.train.y, num_classes=len(prompts), prompts=prompts,
+                                        opts=opts, seed=seed)
+            seconds.append(round(time.time() - t0, 1))
+            prompt_cond = prior.encode_prompts(prompts).float().cpu()
+            synth.append(server.synthesize_client(prior, up, opts, prompt_cond, seed)[:2])
+    finally:
+        client.learn_conditions = real
+    out = fidelity(readers, synth, [domains.index(sh.meta["domain"]) for sh in shards])
+    return {**setting, **out, "client_seconds": seconds}
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog=prog("espresso-conditions"), description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--settings", nargs="+", default=DEFAULT_SETTINGS, help="steps:lr:batch[:batched|minibatch]")
+    p.add_argument("--clients", type=int, nargs="+", default=[0, 3], help="partition ids (domain partitioner: "
+                                                                          "0 photo, 3 quickdraw)")
+    p.add_argument("--num-clients", type=int, default=4)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--reader-epochs", type=int, default=20)
+    p.add_argument("--set", nargs="*", default=[], help="run-config overrides, e.g. dataset=mnist-styles")
+    p.add_argument("--out", default="docs", help="folder for espresso_conditions.json")
+    p.add_argument("--threads", type=int, default=1)
+    a = p.parse_args(argv)
+    with config_errors_exit():
+        settings = [parse_setting(s) for s in a.settings]
+        if not all(0 <= k < a.num_clients for k in a.clients):
+            raise ConfigError(f"--clients {a.clients}: partition ids must be in [0, {a.num_clients})")
+        from experiments.espresso_ablation import base_config, parsed
+
+        args = argparse.Namespace(per_class=16, clients=a.num_clients, runs="runs/espresso-conditions")
+        cfg = parsed(base_config(a.seed, args, parse_set(a.set)), a.num_clients)
+    import torch
+
+    from experiments.espresso_ablation import fidelity_readers
+    from fedapp.data import client_shard, server_data
+    from fedapp.models.prior import load_or_build_prior
+    from fedapp.models.text import class_prompts
+
+    torch.set_num_threads(a.threads)
+    quiet_logs()
+    srv = server_data(cfg, a.num_clients)
+    shards = [client_shard(cfg, k, a.num_clients) for k in a.clients]  # ORACLE: the diagnostic reads their truth
+    readers = fidelity_readers(srv, a.seed, a.reader_epochs)
+    prior = load_or_build_prior(cfg.prior, cfg.dataset)
+    prompts = class_prompts(cfg.dataset, srv.info.class_names)
+    domains = list(srv.info.attributes["domain"])
+    rows = []
+    for s in settings:
+        rows.append(run_setting(s, cfg, prior, shards, prompts, readers, domains, a.seed))
+        r = rows[-1]
+        print(f"{r['steps']}:{r['lr']}:{r['batch']}:{r['learner']}  class {100 * r['class_fidelity']:.1f}%  "
+              f"domain {100 * r['domain_fidelity']:.1f}%  client s {r['client_seconds']}", flush=True)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "espresso_conditions.json").write_text(json.dumps({
+        "setting": {"dataset": cfg.dataset, "prior": cfg.prior, "clients": [sh.meta.get("domain") for sh in shards],
+                    "seed": a.seed, "reader_epochs": a.reader_epochs},
+        "readers": {k: v for k, v in readers.items() if k.endswith("test_accuracy")}, "rows": rows}, indent=1))
