@@ -1,7 +1,8 @@
 """`python -m experiments pfdm`: PFDM against its baselines on colored-digits (minority partitioner).
 
 Prints client 0's majority/minority/mean Frechet distance and KID (reference-classifier features, not
-Inception) for centralized-ddpm, fedavg-ddpm, local-only and pfdm, and the attack figures; writes
+Inception) for centralized-ddpm, fedavg-ddpm, local-only, dpdm (DP-SGD at --epsilon) and pfdm, and the
+attack figures; writes
 <out>/pfdm.json, per-client sample grids under <out>/pfdm_grids/, and <out>/pfdm_scaling.png: client 0's
 minority distance of the private model alone (non-collaborative) minus PFDM's, as the number of clients
 grows (total data fixed: the pool is split over more clients). Results are written after every run.
@@ -19,11 +20,13 @@ from pathlib import Path
 from experiments.common import BACKENDS, check_configs, kid_cell, prog, run
 from fedapp.results import atomic_write_json
 
-TABLE_METHODS = ("centralized-ddpm", "fedavg-ddpm", "local-only", "pfdm")
+TABLE_METHODS = ("centralized-ddpm", "fedavg-ddpm", "local-only", "dpdm", "pfdm")
 PAPER = {  # C-MNIST, client 0, FID (majority / minority / mean) and MIA on the global model (%)
     "centralized-ddpm": (1.85, 1.45, 1.66), "fedavg-ddpm": (1.89, 1.51, 1.70),
     "local-only": (2.19, 5.99, 4.09), "pfdm": (1.72, 4.79, 3.26),
     "pfdm_mia": {"auc": 49.70, "asr": 50.10, "tpr_at_1fpr": 1.07},
+    # MNIST, two clients, epsilon = 10: federated DPDM (DP-SGD) against PFDM, FID majority / minority / mean
+    "mnist_2_clients_eps10": {"dpdm": (31.06, 36.40, 33.73), "pfdm": (5.40, 8.51, 6.96)},
 }
 KID_KEYS = tuple(f"{p}{g}_{k}" for p in ("", "private_only_") for g in ("majority", "minority")
                  for k in ("kid", "kid_std")) + ("mean_kid", "private_only_mean_kid")
@@ -32,6 +35,7 @@ KEEP = KID_KEYS + ("majority_distance", "minority_distance", "mean_distance", "s
         "recon_true_distance", "recon_random_distance", "recon_closer_than_random", "recon_identified",
         "recon_identified_chance", "private_only_majority_distance", "private_only_minority_distance",
         "private_only_mean_distance", "private_only_sample_accuracy", "reference_accuracy", "per_client",
+        "dp_epsilon", "dp_noise_multiplier_max",
         "private_only_per_client")
 
 
@@ -70,7 +74,8 @@ def print_table(rows: list[dict]) -> str:
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = PAPER.get(r["method"])
-        lines.append(f"| {r['method']} (N={r['clients']}) | {fmt(r['majority_distance'])} | {fmt(r['minority_distance'])} | "
+        spent = f", DP-SGD ε={r['dp_epsilon']:.2f}" if r.get("dp_epsilon") else ""
+        lines.append(f"| {r['method']} (N={r['clients']}{spent}) | {fmt(r['majority_distance'])} | {fmt(r['minority_distance'])} | "
                      f"{fmt(r['mean_distance'])} | {kid_cell(r, 'majority_kid')} | {kid_cell(r, 'minority_kid')} | "
                      f"{fmt(r.get('sample_accuracy'), True)} | {fmt(r.get('mia_auc'), True)} | "
                      f"{fmt(r.get('mia_attack_accuracy'), True)} | {fmt(r.get('mia_tpr_at_1fpr'), True)} | "

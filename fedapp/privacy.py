@@ -19,6 +19,7 @@ privacy-loss distributions). At t0 = 693, C = 10, delta = 1e-5: bound 9.996, rdp
 
 from __future__ import annotations
 
+import functools
 import math
 import secrets
 
@@ -109,6 +110,33 @@ def forward_diffuse(x: torch.Tensor, t0: int, noise: torch.Tensor) -> torch.Tens
 def os_generator() -> np.random.Generator:
     """A generator seeded with 256 bits from the OS (secrets): nothing in the run config determines it."""
     return np.random.default_rng(np.random.SeedSequence(secrets.randbits(256)))
+
+
+def os_torch_generator() -> torch.Generator:
+    """A torch generator seeded with 63 bits from the OS: for DP-SGD's Poisson sampling and noise (dpdm)."""
+    return torch.Generator().manual_seed(secrets.randbits(63))
+
+
+# ---- DP-SGD (the dpdm baseline): Opacus' RDP accountant ---------------------------------------------
+def dpsgd_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:
+    """epsilon after `steps` DP-SGD steps with Poisson sampling at `sample_rate` and Gaussian noise of
+    std noise_multiplier x the clipping norm (Opacus' RDPAccountant); 0 steps spend nothing."""
+    from opacus.accountants import RDPAccountant
+
+    if steps <= 0:
+        return 0.0
+    acc = RDPAccountant()
+    acc.history = [(noise_multiplier, sample_rate, steps)]
+    return float(acc.get_epsilon(delta))
+
+
+@functools.lru_cache(maxsize=64)  # a bisection of ~30 accountant calls (~10 s); a client asks every round
+def dpsgd_noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
+    """The smallest noise multiplier whose DP-SGD run of `steps` steps spends at most epsilon (Opacus)."""
+    from opacus.accountants.utils import get_noise_multiplier
+
+    return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
+                                      steps=steps, accountant="rdp"))
 
 
 def privatize(x: torch.Tensor, clip: float, t0: int, generator: torch.Generator | np.random.Generator | None = None

@@ -47,6 +47,8 @@ METHODS: dict[str, MethodSpec] = {
     "fedavg-ddpm": MethodSpec("fedapp.protocols.pfdm", "strategies.ddpm_baselines:FedAvgDDPMStrategy",
                               "clients.ddpm_baselines",
                               paper="FedAvg over a DDPM, not private (FedDM-like, PFDM's baseline)"),
+    "dpdm": MethodSpec("fedapp.protocols.pfdm", "strategies.ddpm_baselines:DPDMStrategy", "clients.dpdm",
+                       paper="FedAvg over a DDPM trained with DP-SGD (DPDM-style, Opacus; PFDM's baseline)"),
     "centralized-ddpm": MethodSpec("fedapp.protocols.pfdm", "strategies.ddpm_baselines:CentralizedDDPMStrategy",
                                    "clients.ddpm_baselines",
                                    paper="oracle: one DDPM on the union of client data (PFDM's baseline)"),

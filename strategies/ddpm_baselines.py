@@ -6,6 +6,8 @@
 - `fedavg-ddpm`: FedAvg over one class-conditional DDPM on Flower's round loop (FedDM-like, not
   private). The final global model is released: the server samples it (the same model serves every
   client) and attacks it with the loss-threshold MIA (members = client 0's training images).
+- `dpdm`: as fedavg-ddpm, each client training with DP-SGD (clients/dpdm.py); the run reports the
+  largest epsilon any client spent (each client's Opacus accountant), released model scored the same way.
 - `centralized-ddpm`: ORACLE, NOT A FEDERATED PROTOCOL (the name `centralized` is the classifier
   ceiling): the server loads every client's shard and trains one DDPM on the union.
 """
@@ -17,8 +19,9 @@ import time
 from typing import Any, Iterable
 
 import torch
-from flwr.app import ArrayRecord, Message
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy import FedAvg
+from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedapp.data import all_client_shards
 from fedapp.models.ddpm import build_ddpm, train_ddpm
@@ -67,19 +70,30 @@ class LocalOnlyStrategy(PhasedStrategy):
 
 
 class FedAvgDDPMStrategy(FedappStrategy, FedAvg):
+    phase = P.FEDAVG_TRAIN
+    name = "fedavg_ddpm"
+
     def __init__(self, run):
         n = run.cfg.min_clients
         super().__init__(fraction_evaluate=0.0, min_train_nodes=n, min_evaluate_nodes=0, min_available_nodes=n,
-                         weighted_by_key=NUM_EXAMPLES_KEY, arrayrecord_key=ARRAYS_KEY, configrecord_key=RUN_KEY)
+                         weighted_by_key=NUM_EXAMPLES_KEY, arrayrecord_key=ARRAYS_KEY, configrecord_key=RUN_KEY,
+                         train_metrics_aggr_fn=self.aggregate_train_metrics)
         self.bind(run)
         self._expected: dict[str, tuple] = {}
         self._dtypes: dict[str, str] = {}
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         max_bytes = self.run.cfg.max_upload_mb * 2**20
-        valid = keep_valid(self.run, replies, P.FEDAVG_TRAIN,
+        valid = keep_valid(self.run, replies, self.phase,
                            lambda c: P.validate_fedavg_train(c, self._expected, max_bytes, self._dtypes))
         return super().aggregate_train(server_round, valid)
+
+    @staticmethod
+    def aggregate_train_metrics(records: list[RecordDict], weight_key: str) -> MetricRecord:
+        return aggregate_metricrecords(records, weight_key)  # Flower's weighted mean
+
+    def final_metrics(self, result) -> dict[str, Any]:
+        return {}
 
     def execute(self, grid) -> dict[str, Any]:
         cfg, run = self.run.cfg, self.run
@@ -95,10 +109,31 @@ class FedAvgDDPMStrategy(FedappStrategy, FedAvg):
         model.load_state_dict(result.arrays.to_torch_state_dict())
         save_model(run.out, model.state_dict())
         t = time.time()
-        metrics = score_released_model(run, ev, model.eval(), len(nodes), "fedavg_ddpm_global")
+        metrics = score_released_model(run, ev, model.eval(), len(nodes), f"{self.name}_global")
         run.phase_seconds["evaluation"] = time.time() - t
+        metrics.update(self.final_metrics(result))
         run.out.log_metrics({"phase": "final", **metrics})
         return metrics
+
+
+class DPDMStrategy(FedAvgDDPMStrategy):
+    """FedAvg over the DDPM with DP-SGD clients; the released model's guarantee is the worst client's."""
+
+    phase = P.DPDM_TRAIN
+    name = "dpdm"
+
+    @staticmethod
+    def aggregate_train_metrics(records: list[RecordDict], weight_key: str) -> MetricRecord:
+        """Flower's weighted mean, except the privacy figures: the largest any client reports."""
+        out = aggregate_metricrecords(records, weight_key)
+        for key in (P.DP_EPSILON_METRIC, P.DP_NOISE_METRIC):
+            out[key] = max(float(next(iter(r.metric_records.values()))[key]) for r in records)
+        return out
+
+    def final_metrics(self, result) -> dict[str, Any]:
+        last = result.train_metrics_clientapp[max(result.train_metrics_clientapp)]
+        return {"dp_epsilon": float(last[P.DP_EPSILON_METRIC]), "dp_delta": self.run.cfg.options.delta,
+                "dp_noise_multiplier_max": float(last[P.DP_NOISE_METRIC])}
 
 
 class CentralizedDDPMStrategy(PhasedStrategy):

@@ -189,7 +189,7 @@ def test_generation_baseline_reports_the_same_metric_names(tmp_path):
         assert math.isfinite(s["metrics"][key]), key
 
 
-@pytest.mark.parametrize("method", ["local-only", "fedavg-ddpm"])
+@pytest.mark.parametrize("method", ["local-only", "fedavg-ddpm", "dpdm"])
 def test_ddpm_baselines_protocols_on_an_in_process_grid(tmp_path, method):
     """strategies/ddpm_baselines.py: local-only releases nothing (no MIA target, samples only);
     fedavg-ddpm moves the whole DDPM each round and its released global model is attacked."""
@@ -197,11 +197,14 @@ def test_ddpm_baselines_protocols_on_an_in_process_grid(tmp_path, method):
     from fedapp.simulation import simulate_in_process
     from strategies.ddpm_baselines import NO_MIA
 
-    s = simulate_in_process({**TINY, "method": method, "out-dir": str(tmp_path), "run-name": method}, 2)
+    extra = {"pfdm.dp-noise": 1.0} if method == "dpdm" else {}  # calibrating it is tested on the client alone
+    s = simulate_in_process({**TINY, **extra, "method": method, "out-dir": str(tmp_path), "run-name": method}, 2)
     assert s["status"] == "completed" and s["failures"] == []
     m = s["metrics"]
     # local-only: one sample set per client; fedavg-ddpm: one released model, scored once (as client 0)
     assert set(m["per_client"]) == ({"0", "1"} if method == "local-only" else {"0"})
+    if method == "dpdm":  # the worst client's spend, below the target the multiplier was picked for
+        assert math.isfinite(m["dp_epsilon"]) and m["dp_epsilon"] > 0 and m["dp_noise_multiplier_max"] == 1.0
     assert all(math.isfinite(m[k]) for k in ("majority_distance", "minority_distance", "mean_distance"))
     per = s["comm"]["per_client"]
     if method == "local-only":
@@ -354,3 +357,60 @@ def test_shared_denoiser_objective_and_sampling_range(monkeypatch, mode):
     assert x_t0.shape == (6, 3, 8, 8) and sampled.max() == 1000
     # algorithm2 runs z_w over all T levels (its output is an x~); relative stops at t0
     assert (sampled.min() < t0) if mode == "algorithm2" else (sampled.min() > t0)
+
+
+# ---- dpdm: FedAvg over a DDPM trained with DP-SGD (Opacus) ------------------------------------------
+def test_dpdm_client_reports_opacus_epsilon_for_its_noise_rate_and_steps_so_far():
+    """A client's round-r reply: epsilon is Opacus' RDP accountant stepped once per DP-SGD step of rounds
+    1..r at its noise multiplier and sampling rate; the multiplier picked for pfdm.epsilon spends (about)
+    all of it by the last round."""
+    from types import SimpleNamespace
+
+    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+    from opacus.accountants import RDPAccountant
+
+    from clients import dpdm
+    from fedapp.client_context import ClientContext
+    from fedapp.config import all_defaults, parse_run_config
+    from fedapp.models.ddpm import build_ddpm
+    from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, ROUND_KEY, RUN_KEY
+    from fedapp.protocols import pfdm as P
+
+    flat = {**{("partitioner.name" if k == "partitioner" else k): v for k, v in TINY.items()}, "method": "dpdm",
+            "num-server-rounds": 2, "pfdm.local-steps": 4, "pfdm.batch": 4, "pfdm.epsilon": 5.0}
+    ctx = ClientContext(cfg=parse_run_config({**all_defaults(), **flat}), partition_id=0, num_partitions=2)
+    n = len(ctx.shard.train)
+    steps, q, sigma = dpdm.round_plan(n, ctx.cfg.options, 2)
+    assert steps == 2 and q == 4 / n < 1 and sigma > 0
+    weights = ArrayRecord(build_ddpm(8, ctx.shard.info.num_classes).state_dict())
+    acc = RDPAccountant()
+    for rnd in (1, 2):
+        msg = SimpleNamespace(content=RecordDict({ARRAYS_KEY: weights, RUN_KEY: ConfigRecord({ROUND_KEY: rnd})}))
+        reply = dpdm.handle_train(msg, ctx)
+        for _ in range(steps):
+            acc.step(noise_multiplier=sigma, sample_rate=q)
+        m = reply[METRICS_KEY]
+        assert m[P.DP_EPSILON_METRIC] == pytest.approx(acc.get_epsilon(ctx.cfg.options.delta), rel=1e-9)
+        assert m[P.DP_NOISE_METRIC] == sigma
+        weights = reply[ARRAYS_KEY]
+    assert 4.5 < m[P.DP_EPSILON_METRIC] <= 5.0 + 1e-6
+
+
+def test_dpdm_randomness_beyond_the_seed_is_the_dp_mechanisms_own():
+    """Same data and seed: with every sample taken (rate 1) and no noise, two runs agree to the bit; with
+    Poisson sampling or noise they differ (drawn from OS-seeded generators the server cannot replay)."""
+    from clients.dpdm import train_ddpm_dpsgd
+    from fedapp.models.ddpm import build_ddpm
+
+    x, y = torch.rand(8, 3, 8, 8) * 2 - 1, torch.arange(8) % 10
+
+    def weights(rate: float, noise: float) -> torch.Tensor:
+        torch.manual_seed(0)
+        m = build_ddpm(8, 10)
+        train_ddpm_dpsgd(m, x, y, steps=2, sample_rate=rate, noise_multiplier=noise, max_grad_norm=1.0, lr=1e-3,
+                         seed=0)
+        return torch.cat([p.detach().flatten() for p in m.parameters()])
+
+    assert torch.equal(weights(1.0, 0.0), weights(1.0, 0.0))
+    assert not torch.equal(weights(1.0, 1.0), weights(1.0, 1.0))
+    assert not torch.equal(weights(0.5, 0.0), weights(0.5, 0.0))

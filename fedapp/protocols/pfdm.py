@@ -5,6 +5,8 @@ pfdm:
                                           Y: labels} + metrics (num-examples, t0)
     query.sample  down: SHARED_KEY (the shared denoiser z_w)   up: SAMPLES_KEY {X, Y, PRIVATE_ONLY}
                   (evaluation only: the server scores the personalised samples)
+dpdm:             train         down/up: as fedavg-ddpm, each client training with DP-SGD (up also
+                                metrics: dp_epsilon spent so far, dp_noise_multiplier)
 local-only:       query.sample  down: nothing   up: SAMPLES_KEY {X, Y}
 fedavg-ddpm:      train         down/up: the DDPM's weights (ARRAYS_KEY), as FedAvg's train phase
                                 (up also metrics: num-examples, train_loss)
@@ -30,6 +32,8 @@ SHARED_KEY = "shared"  # ArrayRecord: z_w's weights
 SAMPLES_KEY = "samples"  # ArrayRecord {x, y[, private_only]}: generated images for scoring
 T0_METRIC = "t0"  # train metric: the level the client released at
 TRAIN_LOSS_METRIC = "train_loss"  # fedavg-ddpm train metric: the client's last loss
+DP_EPSILON_METRIC = "dp_epsilon"  # dpdm train metric: epsilon the client has spent so far (Opacus' RDP accountant)
+DP_NOISE_METRIC = "dp_noise_multiplier"  # dpdm train metric: sigma / clip of its DP-SGD
 STATE_PRIVATE = "pfdm.private"  # node state, never sent: the private denoiser's weights
 # Arrays inside UPLOAD_KEY and SAMPLES_KEY
 X, Y = "x", "y"  # images (N, C, H, W) and their integer class labels (N,)
@@ -65,21 +69,23 @@ SAMPLE = Phase("query.sample", down=(SHARED_KEY,), up=(SAMPLES_KEY,),
 LOCAL_SAMPLE = Phase("query.sample", down=(), up=(SAMPLES_KEY,), doc="local-only: samples of the own DDPM")
 FEDAVG_TRAIN = Phase("train", down=(ARRAYS_KEY,), up=(ARRAYS_KEY, METRICS_KEY), doc="fedavg-ddpm round",
                      metrics=(NUM_EXAMPLES_KEY, TRAIN_LOSS_METRIC))
-PHASES = (TRAIN, SAMPLE, LOCAL_SAMPLE, FEDAVG_TRAIN)
+DPDM_TRAIN = Phase("train", down=(ARRAYS_KEY,), up=(ARRAYS_KEY, METRICS_KEY), doc="dpdm round: DP-SGD steps",
+                   metrics=(NUM_EXAMPLES_KEY, TRAIN_LOSS_METRIC, DP_EPSILON_METRIC, DP_NOISE_METRIC))
+PHASES = (TRAIN, SAMPLE, LOCAL_SAMPLE, FEDAVG_TRAIN, DPDM_TRAIN)
 
 
 @dataclass(frozen=True)
 class PFDMOptions:
-    """Options of pfdm and its generation baselines (local-only, fedavg-ddpm, centralized-ddpm)."""
+    """Options of pfdm and its generation baselines (local-only, fedavg-ddpm, dpdm, centralized-ddpm)."""
 
     t0: int = opt(0, low=0, high=1000, help="forward-diffusion level of the upload; 0: smallest t0 meeting pfdm.epsilon")
-    epsilon: float = opt(10.0, low=0.0, low_open=True, help="target LDP epsilon (used when pfdm.t0 = 0)")
+    epsilon: float = opt(10.0, low=0.0, low_open=True, help="target epsilon: LDP of the upload (pfdm, when pfdm.t0 = 0); DP-SGD over all rounds (dpdm, when pfdm.dp-noise = 0)")
     clip: float = opt(10.0, low=0.0, low_open=True, help="C: per-sample L2 clipping norm of the upload")
     delta: float = opt(1e-5, low=0.0, low_open=True, high=0.5, help="LDP delta")
     accountant: str = opt("bound", choices=("bound", "rdp", "pld"),
                           help="epsilon of a release: the paper's closed-form bound, or a tight RDP / PLD "
                                "accountant (dp-accounting); picks t0 when pfdm.t0 = 0")
-    local_steps: int = opt(300, low=1, help="steps of each client's denoiser (private / local-only; fedavg-ddpm: in total over rounds)")
+    local_steps: int = opt(300, low=1, help="steps of each client's denoiser (private / local-only; fedavg-ddpm, dpdm: in total over rounds)")
     private_levels: str = opt("below-t0", choices=PRIVATE_LEVELS,
                               help="levels the private denoiser trains on: below-t0 = (0, t0], the only ones "
                                    "PFDM samples it on (Algorithm 2), so the whole budget goes there; all = (0, T] "
@@ -89,6 +95,9 @@ class PFDMOptions:
                       help="z_w: relative = levels (t0, T] of the clean data with the uploads as x_t0 (a re-scaled "
                            "eps target), sampled T -> t0; algorithm2 = the paper's Algorithm 2, a standard DDPM "
                            "trained on the uploads x~ as its data and sampled for all T levels")
+    dp_noise: float = opt(0.0, low=0.0, help="dpdm: DP-SGD noise multiplier (noise std / dp-clip); 0: the smallest "
+                                              "that spends pfdm.epsilon over all rounds (Opacus' RDP accountant)")
+    dp_clip: float = opt(1.0, low=0.0, low_open=True, help="dpdm: per-sample gradient clipping norm of DP-SGD")
     shared_steps: int = opt(300, low=1, help="steps of the server's shared denoiser (centralized-ddpm: its model)")
     batch: int = opt(64, low=1)
     lr: float = opt(2e-3, low=0.0, low_open=True, help="Adam learning rate of every denoiser")

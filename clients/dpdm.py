@@ -1,0 +1,84 @@
+"""Client of the `dpdm` baseline: PFDM's DP-SGD comparison (DPDM, Dockhorn et al. 2023, federated with
+FedAvg, as PFDM's two-client MNIST table runs it). Options under `pfdm.*`; protocol: fedapp/protocols/pfdm.py.
+
+Each round a client trains the global class-conditional DDPM for ceil(pfdm.local-steps / rounds) DP-SGD
+steps through Opacus: Poisson sampling at rate q = min(1, pfdm.batch / n), per-sample gradients clipped
+to pfdm.dp-clip, Gaussian noise of std pfdm.dp-noise x pfdm.dp-clip (0: the smallest multiplier that spends
+pfdm.epsilon over all rounds), Adam. Its sampling and noise generators are seeded from the OS, never from
+the run seed. It reports the epsilon spent so far: Opacus' RDP accountant for (multiplier, q, its steps so
+far) at pfdm.delta. Not DPDM's: noise multiplicity (several levels per image and step) and EMA weights.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+
+import torch
+from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+
+from fedapp.client_context import ClientContext
+from fedapp.models.ddpm import DDPM, build_ddpm
+from fedapp.privacy import dpsgd_epsilon, dpsgd_noise_multiplier, os_torch_generator
+from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY, ROUND_KEY, RUN_KEY
+from fedapp.protocols import pfdm as P
+
+
+def train_ddpm_dpsgd(model: DDPM, x: torch.Tensor, y: torch.Tensor, *, steps: int, sample_rate: float,
+                     noise_multiplier: float, max_grad_norm: float, lr: float, seed: int, device: str = "cpu") -> float:
+    """`steps` DP-SGD (Adam) steps on the eps-MSE; returns the mean loss of the last 10% of steps. The
+    diffusion levels and eps of the loss are seeded (training randomness); batches and noise are not."""
+    from opacus import GradSampleModule
+    from opacus.data_loader import DPDataLoader
+    from opacus.optimizers import DPOptimizer
+
+    model.to(device).train()
+    private = os_torch_generator()
+    loader = DPDataLoader(torch.utils.data.TensorDataset(x, y), sample_rate=sample_rate, generator=private)
+    gsm = GradSampleModule(model)  # per-sample gradients by hooks on the layers (all supported: no attention)
+    with warnings.catch_warnings():  # "Secure RNG turned off": its noise comes from an OS-seeded generator
+        warnings.filterwarnings("ignore", message="Secure RNG turned off")
+        opt = DPOptimizer(torch.optim.Adam(gsm.parameters(), lr=lr), noise_multiplier=noise_multiplier,
+                          max_grad_norm=max_grad_norm, expected_batch_size=max(1, round(sample_rate * len(x))),
+                          generator=private)
+    g = torch.Generator().manual_seed(seed)
+    tail, step = [], 0
+    while step < steps:
+        for xb, yb in loader:
+            if step == steps:
+                break
+            opt.zero_grad(set_to_none=True)
+            if len(xb):  # an empty Poisson batch still takes a (pure-noise) step, as Opacus does
+                loss = model.loss(xb.to(device), yb.to(device), generator=g)
+                loss.backward()
+                if step >= steps - max(1, steps // 10):
+                    tail.append(loss.item())
+            opt.step()
+            step += 1
+    gsm.remove_hooks()  # the returned model is a plain DDPM again
+    model.eval()
+    return sum(tail) / len(tail) if tail else float("nan")
+
+
+def round_plan(n: int, o, rounds: int) -> tuple[int, float, float]:
+    """(steps per round, sample rate q, noise multiplier) of a client with n training images."""
+    steps = math.ceil(o.local_steps / rounds)
+    q = min(1.0, o.batch / n)
+    sigma = o.dp_noise or dpsgd_noise_multiplier(o.epsilon, o.delta, q, steps * rounds)
+    return steps, q, sigma
+
+
+def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
+    o, shard, cfg = ctx.cfg.options, ctx.shard, ctx.cfg
+    rnd = int(msg.content.config_records[RUN_KEY].get(ROUND_KEY, 1))
+    steps, q, sigma = round_plan(len(shard.train), o, cfg.num_server_rounds)
+    model = build_ddpm(cfg.image_size, shard.info.num_classes, flag=False, channels=o.channels)
+    model.load_state_dict(msg.content.array_records[ARRAYS_KEY].to_torch_state_dict())
+    loss = train_ddpm_dpsgd(model, shard.train.x, shard.train.y, steps=steps, sample_rate=q, noise_multiplier=sigma,
+                            max_grad_norm=o.dp_clip, lr=o.lr, seed=ctx.seed_for(rnd), device=ctx.device)
+    metrics = {NUM_EXAMPLES_KEY: len(shard.train), P.TRAIN_LOSS_METRIC: loss,
+               P.DP_EPSILON_METRIC: dpsgd_epsilon(sigma, q, steps * rnd, o.delta), P.DP_NOISE_METRIC: sigma}
+    return RecordDict({ARRAYS_KEY: ArrayRecord(model.cpu().state_dict()), METRICS_KEY: MetricRecord(metrics)})
+
+
+HANDLERS = {P.DPDM_TRAIN.message_type: handle_train}
