@@ -38,7 +38,7 @@ Two conventions (`zigzag=`), which differ in step 2's noise prediction and in wh
 Other steps are plain DDIM steps; T_z >= T turns Z-sampling into DDIM.
 
 Timestep spacing (`spacing=`, diffusers' names): "leading" t_i = i * (T // N) + offset (the first level
-is T - T // N: t = 900 with 10 steps), "trailing" t_i = round(T - i * T / N) - 1 (the first level is
+is (N - 1) * (T // N) + offset: t = 900 with 10 steps), "trailing" t_i = round(T - i * T / N) - 1 (the first level is
 T - 1, the top of the schedule the model was trained on, for every N; Lin et al. 2024).
 `start_timestep` is the level z_T lives at: Espresso's clients fit their GMM of z^T exactly there.
 """
@@ -50,8 +50,6 @@ import torch
 DEFAULT_GUIDANCE = 3.0  # gamma1: the best of 1..5 for the tiny digit-styles prior (docs/tiny_prior.md); SD uses ~7.5
 DEFAULT_GAMMA2 = 0.0  # gamma2 of the inversion step (Z-sampling paper: unconditional inversion)
 DEFAULT_ZIGZAG_T = 800  # T_z (Espresso)
-
-
 SPACINGS = ("leading", "trailing")
 ZIGZAG_CONVENTIONS = ("paper", "official")
 
