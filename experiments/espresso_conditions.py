@@ -8,7 +8,9 @@ For each setting, each listed client (its shard as the run builds it) computes i
 N(0, I) noise (clients/espresso.py; `minibatch`: the learner before batching,
 learn_conditions_minibatch), the server synthesises 1x its data from those conditions with DDIM
 (strategies/espresso.py), and two SmallCNNs trained on real public images read each image's class and
-domain (experiments.espresso_ablation: fidelity_readers, fidelity). Writes <out>/espresso_conditions.json.
+domain (experiments.espresso_ablation: fidelity_readers, fidelity). With --samplers it also reads
+class-prompted samples (no learned condition) of the previous and the new sampler (SAMPLERS), the
+same noise for each. Writes <out>/espresso_conditions.json.
 """
 
 from __future__ import annotations
@@ -24,6 +26,13 @@ from experiments.common import config_errors_exit, parse_set, prog, quiet_logs
 from fedapp.config import ConfigError
 
 DEFAULT_SETTINGS = ["100:0.01:32:minibatch", "100:0.05:1", "200:0.05:1", "400:0.05:1"]
+SAMPLERS = {  # name -> Prior.sample keywords: the previous default, the new one, each without and with Z
+    "ddim 10 leading": {"sampler": "ddim", "num_steps": 10, "spacing": "leading"},
+    "zigzag 10 leading paper": {"sampler": "zigzag", "num_steps": 10, "spacing": "leading"},
+    "ddim 50 trailing": {"sampler": "ddim", "num_steps": 50, "spacing": "trailing"},
+    "zigzag 50 trailing paper": {"sampler": "zigzag", "num_steps": 50, "spacing": "trailing", "zigzag": "paper"},
+    "zigzag 50 trailing official": {"sampler": "zigzag", "num_steps": 50, "spacing": "trailing", "zigzag": "official"},
+}
 
 
 def parse_setting(text: str) -> dict[str, Any]:
@@ -65,6 +74,24 @@ def run_setting(setting: dict[str, Any], cfg, prior, shards: list, prompts: list
     return {**setting, **out, "client_seconds": seconds}
 
 
+def sampler_rows(prior, prompts: list[str], readers, n: int, guidance: float, seed: int,
+                 samplers: dict[str, dict] = SAMPLERS) -> dict[str, dict[str, Any]]:
+    """Class fidelity and the domains read of n class-prompted samples (n / K per class) per sampler."""
+    import torch
+
+    from fedapp.models.classifier import predict
+
+    y = torch.arange(n) % len(prompts)
+    cond = prior.encode_prompts(prompts)[y]
+    noise = torch.randn(n, *prior.latent_shape, generator=torch.Generator().manual_seed(seed))
+    out = {}
+    for name, kw in samplers.items():
+        x = prior.sample(noise, cond, guidance=guidance, zigzag_t=800, gamma2=0.0, **kw).images.float()
+        out[name] = {"class_fidelity": float((predict(readers["class"], x) == y).float().mean()),
+                     "domains_read": torch.bincount(predict(readers["domain"], x), minlength=4).tolist()}
+    return out
+
+
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog=prog("espresso-conditions"), description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -77,6 +104,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--set", nargs="*", default=[], help="run-config overrides, e.g. dataset=mnist-styles")
     p.add_argument("--out", default="docs", help="folder for espresso_conditions.json")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--samplers", type=int, default=0, metavar="N",
+                   help="also read N class-prompted samples of each sampler in SAMPLERS (0: skip)")
     a = p.parse_args(argv)
     with config_errors_exit():
         settings = [parse_setting(s) for s in a.settings]
@@ -107,9 +136,17 @@ def main(argv: list[str]) -> None:
         r = rows[-1]
         print(f"{r['steps']}:{r['lr']}:{r['batch']}:{r['learner']}  class {100 * r['class_fidelity']:.1f}%  "
               f"domain {100 * r['domain_fidelity']:.1f}%  client s {r['client_seconds']}", flush=True)
+    samplers = {}
+    if a.samplers:
+        from strategies.espresso import P
+
+        samplers = sampler_rows(prior, prompts, readers, a.samplers, P.guidance(cfg.options, cfg), a.seed)
+        for name, r in samplers.items():
+            print(f"{name}: class {100 * r['class_fidelity']:.1f}%  domains read {r['domains_read']}", flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "espresso_conditions.json").write_text(json.dumps({
         "setting": {"dataset": cfg.dataset, "prior": cfg.prior, "clients": [sh.meta.get("domain") for sh in shards],
                     "seed": a.seed, "reader_epochs": a.reader_epochs},
-        "readers": {k: v for k, v in readers.items() if k.endswith("test_accuracy")}, "rows": rows}, indent=1))
+        "readers": {k: v for k, v in readers.items() if k.endswith("test_accuracy")}, "rows": rows,
+        "samplers": samplers}, indent=1))

@@ -504,5 +504,8 @@ def test_condition_diagnostic_runs_each_learner_and_refuses_a_bad_setting(prior,
         assert row["domain_fidelity"] == 1.0 and row["class_fidelity"] == pytest.approx(1 / 10)  # 3 per class
         assert len(row["client_seconds"]) == 1
     assert client.learn_conditions.__name__ == "learn_conditions"  # the diagnostic put the learner back
+    few = {k: {**v, "num_steps": v["num_steps"] // 5} for k, v in ec.SAMPLERS.items() if "trailing" in k}
+    rows = ec.sampler_rows(prior, prompts, {"class": Reader(), "domain": Reader()}, 20, 3.0, 0, few)
+    assert all(r["class_fidelity"] == pytest.approx(0.1) and r["domains_read"] == [20, 0, 0, 0] for r in rows.values())
     with pytest.raises(ConfigError, match="--settings '200:0.05': must be steps:lr:batch"):
         ec.parse_setting("200:0.05")
