@@ -157,3 +157,12 @@ def test_a_domain_prior_trains_on_those_domains_public_images_only():
     x, y, _ = public_data("digit-styles", 16, 0, domains=("photo", "quickdraw"))
     keep = (pub.attrs["domain"] == 0) | (pub.attrs["domain"] == 3)
     assert 0 < len(x) < len(pub.x) and torch.equal(x, pub.x[keep]) and torch.equal(y, pub.y[keep])
+
+
+def test_a_domain_prior_builds_into_its_own_folder_and_says_its_domains(tmp_path):
+    folder = build_tiny_prior("digit-styles", steps=2, cache_dir=tmp_path, progress=False, config=TEST_CONFIG,
+                              domains=("quickdraw", "photo"))
+    assert folder.name.startswith("digit-styles@photo+quickdraw-")
+    assert json.loads((folder / "prior_meta.json").read_text())["domains"] == ["photo", "quickdraw"]
+    assert folder == tiny_prior_path("digit-styles", cache_dir=tmp_path, config=TEST_CONFIG, steps=2,
+                                     domains=("photo", "quickdraw"))
