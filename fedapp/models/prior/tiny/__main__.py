@@ -81,7 +81,10 @@ def main(argv: list[str] | None = None) -> None:
     if a.domains is not None:
         from fedapp.models.prior.spec import tiny_domains
 
-        domains = tiny_domains(a.dataset, a.domains)
+        try:
+            domains = tiny_domains(a.dataset, a.domains)
+        except ValueError as err:
+            p.error(f"--domains {err}")
     folder = build_tiny_prior(a.dataset, size, a.steps, a.seed, a.cache_dir, config=config, domains=domains)
     build_seconds = time.time() - t0
     print(f"prior: {folder} ({build_seconds:.0f} s this call)")
@@ -96,8 +99,9 @@ def main(argv: list[str] | None = None) -> None:
     if a.docs:
         docs = Path(a.docs)
         docs.mkdir(parents=True, exist_ok=True)
-        shutil.copyfile(folder / "samples.png", docs / f"tiny_prior_{a.dataset}.png")
-        write_json(docs / f"tiny_prior_{a.dataset}.json", {"folder": folder.name, **meta})
+        name = a.dataset + (f"@{'+'.join(sorted(domains))}" if domains else "")  # a domain prior beside the full one
+        shutil.copyfile(folder / "samples.png", docs / f"tiny_prior_{name}.png")
+        write_json(docs / f"tiny_prior_{name}.json", {"folder": folder.name, **meta})
 
 
 if __name__ == "__main__":
