@@ -231,6 +231,8 @@ class Prior:
         prediction type (eps, v or x0); gradients reach a raw condition `cond` (Espresso's Eq. 8). For an
         eps-prior this is exactly E||eps - eps_theta(sqrt(abar_t) z0 + sqrt(1-abar_t) eps, t, c)||^2.
         reduction="none": one mean squared error per row (B,), whose mean is the "mean" loss."""
+        if reduction not in ("mean", "none"):
+            raise ValueError(f"reduction={reduction!r}: allowed 'mean', 'none'")
         batch = z0.shape[0]
         if t is None:
             t = torch.randint(0, self.num_train_timesteps, (batch,), generator=generator)
