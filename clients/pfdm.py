@@ -22,6 +22,7 @@ from fedapp.models.ddpm import DDPM, build_ddpm, train_ddpm
 from fedapp.privacy import clip_norm, privatize, resolve_t0
 from fedapp.protocols import METRICS_KEY, NUM_EXAMPLES_KEY
 from fedapp.protocols import pfdm as P
+from fedapp.protocols.pfdm import shared_sample
 
 UNCLIPPED, CLIPPED = 0, 1   # values of the auxiliary flag
 
@@ -67,15 +68,6 @@ def split_steps(steps: int, t0: int, T: int = 1000) -> tuple[int, int]:
     """DDIM steps for (T -> t0, t0 -> 0) in proportion to the level ranges, at least one each."""
     k_shared = min(steps - 1, max(1, round(steps * (T - t0) / T)))
     return k_shared, max(1, steps - k_shared)
-
-
-def shared_sample(shared: DDPM, y: torch.Tensor, t0: int, mode: str, steps: int, generator: torch.Generator):
-    """An x_t0 from z_w, run from T down to the lowest level it learnt (P.shared_objective): t0 in relative
-    mode; 0 in algorithm2 mode, whose data are the uploads x~, so its output already is at level t0 (and its
-    x0 estimate is not clamped to [-1, 1], which x~ is not confined to)."""
-    (lowest, _), _ = P.shared_objective(mode, t0, shared.T)
-    return shared.sample(len(y), y, t_start=shared.T, t_end=lowest, steps=steps, generator=generator,
-                         clip_x0=mode == "relative")
 
 
 @torch.no_grad()

@@ -35,7 +35,7 @@ KEEP = KID_KEYS + ("majority_distance", "minority_distance", "mean_distance", "s
         "recon_true_distance", "recon_random_distance", "recon_closer_than_random", "recon_identified",
         "recon_identified_chance", "private_only_majority_distance", "private_only_minority_distance",
         "private_only_mean_distance", "private_only_sample_accuracy", "reference_accuracy", "per_client",
-        "dp_epsilon", "dp_noise_multiplier_max",
+        "dp_epsilon", "dp_noise_multiplier_max", "t0_kid", "t0_kid_std", "t0_kid_reference", "t0_kid_reference_std",
         "private_only_per_client")
 
 

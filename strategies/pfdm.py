@@ -40,6 +40,20 @@ from strategies.generation_eval import GenerationEval, loss_scores, memorisation
 log = logging.getLogger("fedapp")
 
 
+def t0_match_figures(at_t0: torch.Tensor, real: torch.Tensor, held_out: torch.Tensor, abar_t0: float,
+                     seed: int = 0) -> dict[str, float]:
+    """KID on flattened pixels divided by sqrt(abar_t0) (so the clipped signal is in image units, the noise
+    of std sigma on top) between samples at t0 and a real release, and between a second real release of other
+    held-out images and the same one: t0_kid near t0_kid_reference means z_w's level-t0 marginal is the data's."""
+    from fedapp.metrics import kernel_distance
+
+    scale = abar_t0 ** -0.5
+    feats = [(x.flatten(1).double() * scale).numpy() for x in (at_t0, real, held_out)]
+    kid, kid_std = kernel_distance(feats[0], feats[1], seed=seed)
+    ref, ref_std = kernel_distance(feats[2], feats[1], seed=seed)
+    return {"t0_kid": kid, "t0_kid_std": kid_std, "t0_kid_reference": ref, "t0_kid_reference_std": ref_std}
+
+
 class PFDMStrategy(PhasedStrategy):
     phases = (P.TRAIN, P.SAMPLE)
 
@@ -97,6 +111,7 @@ class PFDMStrategy(PhasedStrategy):
             ev.save_grid(s[P.X], s[P.Y], f"pfdm_client{p}.png")
             ev.save_grid(s[P.PRIVATE_ONLY], s[P.Y], f"private_only_client{p}.png")
         metrics.update(self.attacks(ev, shared, uploads, len(nodes)))
+        metrics.update(self.t0_match(shared, ev))
         run.phase_seconds["evaluation"] = time.time() - t
         metrics.update({"t0": self.t0, "epsilon": self.privacy["epsilon"], "reference_accuracy": ev.ref_accuracy,
                         "num_uploads": len(x_up)})
@@ -134,6 +149,22 @@ class PFDMStrategy(PhasedStrategy):
         ev.save_grid(x0_hat, y_gen, "shared_only_x0.png")
         out.update(self.reconstruction(ev, uploads, shards))
         return out
+
+    @torch.no_grad()
+    def t0_match(self, shared: DDPM, ev: GenerationEval) -> dict[str, float]:
+        """Does z_w hand over what the private models expect? Its samples at level t0 (P.shared_sample) against held-out test images clipped and diffused to t0,
+        beside the same distance between two such releases of held-out data (public vs test): what an exact
+        z_w would score (t0_match_figures)."""
+        cfg, o = self.run.cfg, self.run.cfg.options
+        test, public = ev.server.test, ev.server.public
+        n = min(o.attack_samples, len(test), len(public))
+        g = torch.Generator().manual_seed(cfg.seed + 11)
+        idx = torch.randperm(len(test), generator=g)[:n]
+        y = test.y[idx].long()  # the test draw's class mix
+        at_t0 = P.shared_sample(shared, y, self.t0, o.shared, o.sample_steps, g)
+        real = privatize(test.x[idx], o.clip, self.t0, g)
+        held_out = privatize(public.x[torch.randperm(len(public), generator=g)[:n]], o.clip, self.t0, g)
+        return t0_match_figures(at_t0, real, held_out, float(shared.abar[self.t0]), cfg.seed)
 
     @torch.no_grad()
     def shared_generation(self, shared: DDPM, y: torch.Tensor, g: torch.Generator) -> torch.Tensor:

@@ -150,7 +150,7 @@ def test_pfdm_simulation_uploads_are_private_and_the_private_model_stays_home(tm
     m = s["metrics"]
     for key in ("majority_distance", "minority_distance", "mean_distance", "mia_auc", "mia_tpr_at_1fpr",
                 "shared_memorised_fraction", "recon_closer_than_random", "minority_kid", "minority_kid_std",
-                "private_only_minority_kid", "mean_kid"):
+                "private_only_minority_kid", "mean_kid", "t0_kid", "t0_kid_reference"):
         assert m[key] is not None and math.isfinite(m[key]), key
     assert set(m["per_client"]) == {"0", "1"}
 
@@ -357,6 +357,23 @@ def test_shared_denoiser_objective_and_sampling_range(monkeypatch, mode):
     assert x_t0.shape == (6, 3, 8, 8) and sampled.max() == 1000
     # algorithm2 runs z_w over all T levels (its output is an x~); relative stops at t0
     assert (sampled.min() < t0) if mode == "algorithm2" else (sampled.min() > t0)
+
+
+def test_t0_match_scores_an_exact_level_t0_marginal_like_held_out_data_and_a_wrong_one_worse():
+    """z_w's hand-over check: samples that are another release of the same data score about the reference
+    (two releases of held-out data); releases of images with a different mean score far above it."""
+    from strategies.pfdm import t0_match_figures
+
+    t0, clip = 200, 10.0
+    g = torch.Generator().manual_seed(0)
+    data = lambda n: (torch.rand(n, 3, 8, 8, generator=g) * 2 - 1) * 0.5  # noqa: E731
+    real, held_out = privatize(data(200), clip, t0, g), privatize(data(200), clip, t0, g)
+    a = float(linear_abar()[t0])
+    exact = t0_match_figures(privatize(data(200), clip, t0, g), real, held_out, a)
+    wrong = t0_match_figures(privatize(data(200) + 0.2, clip, t0, g), real, held_out, a)
+    ref = exact["t0_kid_reference"]  # (n = 200 is one KID subset: its std is 0, the scale is the reference)
+    assert abs(ref) < 0.01 and abs(exact["t0_kid"] - ref) < 0.01  # measured: -0.0014 vs 0.0013
+    assert wrong["t0_kid"] > 0.05  # measured: 0.108 for a shift of 0.2 (a tenth of the pixel range)
 
 
 # ---- dpdm: FedAvg over a DDPM trained with DP-SGD (Opacus) ------------------------------------------

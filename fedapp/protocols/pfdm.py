@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from flwr.app import RecordDict
 
 from fedapp.config import ConfigError, opt
@@ -48,6 +49,15 @@ def shared_objective(mode: str, t0: int, T: int) -> tuple[tuple[int, int], int |
     if mode not in SHARED_MODES:
         raise ValueError(f"pfdm.shared={mode!r}: must be one of {', '.join(SHARED_MODES)}")
     return ((t0, T), t0) if mode == "relative" else ((0, T), None)
+
+
+def shared_sample(shared, y: torch.Tensor, t0: int, mode: str, steps: int, generator: torch.Generator) -> torch.Tensor:
+    """An x_t0 from z_w (a fedapp.models.ddpm.DDPM), run from T down to the lowest level it learnt
+    (shared_objective): t0 in relative mode; 0 in algorithm2 mode, whose data are the uploads x~, so its output already is at level t0 (and its
+    x0 estimate is not clamped to [-1, 1], which x~ is not confined to)."""
+    (lowest, _), _ = shared_objective(mode, t0, shared.T)
+    return shared.sample(len(y), y, t_start=shared.T, t_end=lowest, steps=steps, generator=generator,
+                         clip_x0=mode == "relative")
 
 
 def within_shard(content: RecordDict, facts: ShardFacts) -> str | None:
