@@ -91,9 +91,15 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
         return super().aggregate_train(server_round, valid)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
+        replies = list(replies)
+        if not replies and self.fraction_evaluate == 0:  # fraction-evaluate = 0: nobody was asked
+            return None
         replies = keep_valid(self.run, replies, P.EVALUATE, P.validate_evaluate)
+        # a client with an empty test split (validation allows 0 only then) weighs nothing: Flower's
+        # weighted mean would divide by zero if every reply were one
+        replies = [r for r in replies if r.content.metric_records[P.METRICS_KEY][NUM_EXAMPLES_KEY] > 0]
         self._client_acc = P.client_accuracies(replies)
-        return super().aggregate_evaluate(server_round, replies)
+        return super().aggregate_evaluate(server_round, replies) if replies else None
 
     # -- fedapp -------------------------------------------------------------------------
     def on_valid_train(self, replies: list[Message]) -> None:

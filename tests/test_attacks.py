@@ -176,6 +176,8 @@ STEER = [
     P(same_partition_as_node_0, ("train", "evaluate"), "train", f"partition-id=0: already served by node {FIRST}",
       id="two-nodes-one-partition"),
     P(nan_accuracy, ("evaluate",), "evaluate", "metric accuracy=nan: must be a finite number", id="nan-accuracy"),
+    P(num_examples(0), ("evaluate",), "evaluate", "num-examples=0: must be a positive whole number",
+      id="zero-examples-of-a-nonempty-test-split"),
 ]
 
 

@@ -247,3 +247,41 @@ def test_fraction_train_is_refused_where_no_client_sampling_exists(tmp_path):
         check_fraction_train(parse_run_config({"method": "pfdm", "fraction-evaluate": 0.5}))
     with pytest.raises(ConfigError, match="fraction-train=0.0: must be > 0"):
         parse_run_config({"fraction-train": 0.0})
+
+
+def test_a_client_with_an_empty_test_split_may_report_zero_examples_and_no_other():
+    from fedapp.protocols import METRICS_KEY, NUM_EXAMPLES_KEY, ShardFacts, classify
+    from fedapp.server.validation import check_examples
+
+    def facts(num_test):
+        return ShardFacts(partition=0, num_train=3, num_test=num_test, num_classes=10, labels=np.zeros(3, np.int64))
+
+    def reply(n):
+        return RecordDict({METRICS_KEY: MetricRecord({NUM_EXAMPLES_KEY: n})})
+
+    assert check_examples(reply(0), classify.EVALUATE, facts(0)) is None
+    assert "must be a positive whole number" in check_examples(reply(0), classify.EVALUATE, facts(2))
+    assert "must be a positive whole number" in check_examples(reply(0), classify.TRAIN, facts(0))  # 3 to train on
+
+
+@pytest.mark.usefixtures("inside_a_run", "one_torch_thread")
+def test_fedavg_over_clients_without_test_data_completes_without_failures(tmp_path):
+    """100 clients on digits: 18 have an empty test split; they are neither failures nor weighted in."""
+    from fedapp.simulation import simulate_in_process
+
+    s = simulate_in_process({"method": "fedavg", "dataset": "digits", "partitioner.name": "iid", "partitioner.per-class": 0,
+                             "num-server-rounds": 1, "local-epochs": 1, "min-clients": 2, "fraction-train": 0.03,
+                             "out-dir": str(tmp_path)}, 100)
+    assert s["status"] == "completed" and s["failures"] == []
+    assert len(s["metrics"]["per_client_accuracy"]) == 82
+
+
+@pytest.mark.usefixtures("inside_a_run", "one_torch_thread")
+def test_fraction_evaluate_zero_runs_rounds_with_the_global_test_set_only(tmp_path):
+    from fedapp.simulation import simulate_in_process
+
+    s = simulate_in_process({"method": "fedavg", "dataset": "digits", "partitioner.name": "iid", "partitioner.per-class": 3,
+                             "num-server-rounds": 2, "local-epochs": 1, "min-clients": 2, "fraction-evaluate": 0.0,
+                             "out-dir": str(tmp_path)}, 3)
+    assert s["status"] == "completed" and s["failures"] == [] and "evaluate" not in s["phase_seconds"]
+    assert "accuracy" in s["metrics"] and "client_accuracy" not in s["metrics"]

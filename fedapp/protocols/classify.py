@@ -51,10 +51,13 @@ def validate_evaluate(content: RecordDict) -> str | None:
 
 
 def client_accuracies(replies: Iterable[Message]) -> dict[int, dict[str, Any]]:
-    """partition id -> {accuracy, n, domain} from validated evaluate replies."""
+    """partition id -> {accuracy, n, domain} from validated evaluate replies; a client without test
+    data (n = 0, which validation allows only for an empty split) has no accuracy and is left out."""
     out = {}
     for r in replies:
         m = r.content.metric_records[METRICS_KEY]
+        if int(m[NUM_EXAMPLES_KEY]) == 0:
+            continue
         pid = partition_of(r)
         domain = r.content.config_records.get(CLIENT_KEY, {}).get(DOMAIN_KEY)
         out[pid if pid is not None else -r.metadata.src_node_id] = {

@@ -62,11 +62,15 @@ def check_metrics(content: RecordDict, phase: Phase) -> str | None:
 
 
 def check_examples(content: RecordDict, phase: Phase, facts: ShardFacts) -> str | None:
-    """num-examples: a whole number > 0, at most the shard's split the phase counts."""
+    """num-examples: a whole number > 0, at most the shard's split the phase counts; 0 only where the
+    server knows that split is empty (an honest client of a small shard: 1,000 clients on digits leave
+    most test splits empty), so no client can zero a weighted mean's denominator by claiming 0."""
     rec = content.metric_records.get(METRICS_KEY)
     if rec is None or NUM_EXAMPLES_KEY not in rec:
         return None
     n, cap = rec[NUM_EXAMPLES_KEY], facts.examples(phase.examples)
+    if cap == 0 and n == 0 and not isinstance(n, bool):
+        return None
     if isinstance(n, bool) or not isinstance(n, (int, float)) or not math.isfinite(n) or n <= 0 or n != int(n):
         return f"{NUM_EXAMPLES_KEY}={n!r}: must be a positive whole number"
     if n > cap:
