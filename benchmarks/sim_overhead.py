@@ -112,6 +112,7 @@ def main() -> None:
             "min-clients": args.clients}
     cfg = parse_run_config(flat)
     r1, r2 = args.rounds
+    in_process(cfg, args.clients, 1)  # warm-up: first imports and data loads would count as the loop's start-up
     rows = {}
     for name, fn in (("in-process loop", lambda r: in_process(cfg, args.clients, r)),
                      ("simulate_in_process", lambda r: simulated(simulate_in_process, flat, args.clients, r)),
