@@ -48,11 +48,15 @@ def train_ddpm_dpsgd(model: DDPM, x: torch.Tensor, y: torch.Tensor, *, steps: in
             if step == steps:
                 break
             opt.zero_grad(set_to_none=True)
-            if len(xb):  # an empty Poisson batch still takes a (pure-noise) step, as Opacus does
+            if len(xb):
                 loss = model.loss(xb.to(device), yb.to(device), generator=g)
                 loss.backward()
                 if step >= steps - max(1, steps // 10):
                     tail.append(loss.item())
+            else:  # an empty Poisson batch still takes a pure-noise step: no per-sample gradients, as Opacus' own
+                for p in gsm.parameters():
+                    if p.requires_grad:
+                        p.grad_sample = p.new_zeros((0, *p.shape))
             opt.step()
             step += 1
     gsm.remove_hooks()  # the returned model is a plain DDPM again

@@ -429,5 +429,9 @@ def test_dpdm_randomness_beyond_the_seed_is_the_dp_mechanisms_own():
         return torch.cat([p.detach().flatten() for p in m.parameters()])
 
     assert torch.equal(weights(1.0, 0.0), weights(1.0, 0.0))
+    # a rate so small that every Poisson batch is empty: each step is noise alone, and it still moves
+    torch.manual_seed(0)
+    initial = torch.cat([p.detach().flatten() for p in build_ddpm(8, 10).parameters()])
+    assert not torch.equal(weights(1e-9, 1.0), initial)
     assert not torch.equal(weights(1.0, 1.0), weights(1.0, 1.0))
     assert not torch.equal(weights(0.5, 0.0), weights(0.5, 0.0))

@@ -102,6 +102,14 @@ def test_record_nbytes_counts_serialised_tensors_and_config_values():
 
     assert size(1010) - size(10) == 4000  # float32 payload counted byte for byte
     assert 40 + 5 <= size(10) <= 40 + 5 + 256  # plus a bounded serialisation header
+    # config records by Flower's own rule, which raises on an empty string value (Flower 1.42); ours counts it
+    from fedapp.protocols.records import config_nbytes
+
+    rec = ConfigRecord({"name": "abc", "n": 3, "flag": True, "xs": [1.0, 2.0], "tags": ["a", "bc"], "raw": b"12"})
+    assert config_nbytes(rec) == rec.count_bytes() == 4 + 3 + 1 + 8 + 4 + 1 + 2 + 16 + 4 + 3 + 3 + 2
+    with pytest.raises(ValueError):
+        ConfigRecord({"empty": ""}).count_bytes()
+    assert config_nbytes(ConfigRecord({"empty": ""})) == 5
 
 
 def test_validation_never_raises_and_checks_the_phase_records(tmp_path):

@@ -11,7 +11,7 @@ from typing import Any, Mapping
 
 import numpy as np
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
 from fedapp.protocols import CLIENT_KEY, PARTITION_KEY, RUN_KEY
 
@@ -53,18 +53,18 @@ def partition_in(content: RecordDict) -> int | None:
 
 
 def record_nbytes(content: RecordDict) -> int:
-    """Payload bytes of a RecordDict: tensors by their buffers, config/metrics by value."""
-    total = 0
-    for rec in content.values():
-        if isinstance(rec, ArrayRecord):
-            total += sum(len(a.data) for a in rec.values())
-        elif isinstance(rec, (ConfigRecord, MetricRecord)):
-            for k, v in rec.items():
-                total += len(k)
-                vals = v if isinstance(v, list) else [v]
-                for x in vals:
-                    total += len(x) if isinstance(x, (bytes, str)) else 8
-    return total
+    """Payload bytes of a RecordDict: Flower's own count_bytes() for array and metric records (buffers or
+    64-bit values, plus keys); config records by config_nbytes."""
+    return sum(config_nbytes(rec) if isinstance(rec, ConfigRecord) else rec.count_bytes() for rec in content.values())
+
+
+def config_nbytes(rec: ConfigRecord) -> int:
+    """ConfigRecord.count_bytes()'s rule (keys; str/bytes by length, bool 1, int/float 8, lists element-wise),
+    counted here because Flower 1.42's own raises ValueError on an empty string value, which ours carry."""
+    def one(v) -> int:
+        return len(v) if isinstance(v, (str, bytes)) else 1 if isinstance(v, bool) else 8
+
+    return sum(len(k) + sum(one(x) for x in (v if isinstance(v, list) else [v])) for k, v in rec.items())
 
 
 def dtypes_of(record: ArrayRecord) -> dict[str, str]:
