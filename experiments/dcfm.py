@@ -2,10 +2,11 @@
 and composition accuracy, seen vs novel (digit, colour) pairs, IID vs non-IID, for fedflow, ddm,
 local-only-flow, DCFM-A and DCFM-B.
 
-    python -m experiments dcfm [--clients 5] [--quick] [--out docs]
+    python -m experiments dcfm [--clients 5] [--seeds 0,1,2] [--quick] [--out docs]
 
-Writes <out>/dcfm.json (one row per run, written after each run so an interrupted table resumes) and
-<out>/dcfm_grid.png (DCFM-B, non-IID: digit x colour, novel cells framed in white). The distances are on
+Writes <out>/dcfm[_<dataset>].json (one row per run, written after each run so an interrupted table resumes;
+the mean +- std over seeds per method and split) and <out>/dcfm[_<dataset>]_grid.png (DCFM-B, non-IID, first
+seed: digit x colour, novel cells framed in white). The distances are on
 SmallCNN features (digit + colour reference classifiers trained on the server's real data), NOT Inception.
 """
 
@@ -17,7 +18,7 @@ import shutil
 import time
 from pathlib import Path
 
-from experiments.common import BACKENDS, check_configs, kid_cell, prog, run
+from experiments.common import BACKENDS, check_configs, kid_cell, parse_set, prog, run
 from fedapp.results import atomic_write_json
 
 ROWS = [("fedflow", {}), ("ddm", {}), ("local-only-flow", {}),
@@ -35,22 +36,24 @@ QUICK = {**SETTINGS, "num-server-rounds": 2, "dcfm.fl-local-steps": 5, "dcfm.loc
          "dcfm.router-steps": 10, "dcfm.ref-epochs": 1}
 
 
-def config(name: str, extra: dict, split: str, clients: int, settings: dict, out_dir: str) -> dict:
+def config(name: str, extra: dict, split: str, clients: int, settings: dict, out_dir: str, seed: int = 0) -> dict:
     method = "dcfm" if name.startswith("dcfm") else name
-    return {"method": method, "partitioner": "attribute-holdout",
+    return {"method": method, "partitioner": "attribute-holdout", "seed": seed,
             "partitioner.per-class": 0, "partitioner.coverage": 0.5, "partitioner.split": split, "min-clients": clients,
-            "out-dir": out_dir, "run-name": f"{name}-{split}", **settings, **extra}
+            "out-dir": out_dir, "run-name": f"{name}-{split}" + (f"-seed{seed}" if seed else ""), **settings, **extra}
 
 
-def run_one(name: str, extra: dict, split: str, clients: int, settings: dict, out_dir: str, backend: str) -> dict:
+def run_one(name: str, extra: dict, split: str, clients: int, settings: dict, out_dir: str, backend: str,
+            seed: int = 0) -> dict:
     t0 = time.time()
-    s = run(config(name, extra, split, clients, settings, out_dir), clients, backend)
+    s = run(config(name, extra, split, clients, settings, out_dir, seed), clients, backend)
     m = s["metrics"]
     keys = ("seen_distance", "novel_distance", "seen_kid", "seen_kid_std", "novel_kid", "novel_kid_std",
             "seen_composition_accuracy", "novel_composition_accuracy",
             "seen_digit_accuracy", "novel_digit_accuracy", "seen_color_accuracy", "novel_color_accuracy",
             "model_transfers_per_client")
-    return {"method": name, "split": split, **{k: m[k] for k in keys}, "seconds": round(time.time() - t0, 1),
+    return {"method": name, "split": split, "seed": seed, **{k: m[k] for k in keys},
+            "seconds": round(time.time() - t0, 1),
             "run_dir": s["run_dir"], "model_transfers_recounted": transfers_from_run(s["run_dir"])}
 
 
@@ -77,24 +80,50 @@ def transfers_from_run(run_dir: str) -> float:
 
 
 def table(rows: list[dict]) -> str:
-    head = (f"{'method':<16}{'split':<9}{'FD seen':>9}{'FD novel':>10}{'KID seen':>16}{'KID novel':>16}"
+    head = (f"{'method':<16}{'split':<9}{'seed':>5}{'FD seen':>9}{'FD novel':>10}{'KID seen':>16}{'KID novel':>16}"
             f"{'acc seen':>10}{'acc novel':>10}{'transfers':>11}")
     lines = [head, "-" * len(head)]
     for r in rows:
-        lines.append(f"{r['method']:<16}{r['split']:<9}{r['seen_distance']:>9.2f}{r['novel_distance']:>10.2f}"
+        lines.append(f"{r['method']:<16}{r['split']:<9}{r.get('seed', 0):>5}{r['seen_distance']:>9.2f}{r['novel_distance']:>10.2f}"
                      f"{kid_cell(r, 'seen_kid'):>16}{kid_cell(r, 'novel_kid'):>16}"
                      f"{r['seen_composition_accuracy']:>10.3f}{r['novel_composition_accuracy']:>10.3f}"
                      f"{r['model_transfers_per_client']:>11.2f}")
     return "\n".join(lines)
 
 
+MEAN_KEYS = ("seen_distance", "novel_distance", "seen_kid", "novel_kid", "seen_composition_accuracy",
+             "novel_composition_accuracy", "novel_digit_accuracy", "novel_color_accuracy", "model_transfers_recounted")
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """Per (method, split): mean and std (over seeds, ddof 0) of MEAN_KEYS, and the seeds they cover."""
+    import numpy as np
+
+    out = []
+    for name, _ in ROWS:
+        for split in SPLITS:
+            mine = [r for r in rows if r["method"] == name and r["split"] == split]
+            if mine:
+                cell = {"method": name, "split": split, "seeds": sorted(r.get("seed", 0) for r in mine)}
+                for k in MEAN_KEYS:
+                    vals = [r[k] for r in mine if r.get(k) is not None]
+                    if vals:
+                        cell[k] = float(np.mean(vals))
+                        cell[k + "_std"] = float(np.std(vals))
+                out.append(cell)
+    return out
+
+
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog=prog("dcfm"), description=__doc__.split("\n")[0])
     p.add_argument("--clients", type=int, default=5)
+    p.add_argument("--seeds", default="0", help="comma-separated run seeds; each (method, split) runs once per seed")
     p.add_argument("--quick", action="store_true", help="a smoke run (minutes), not the table")
     p.add_argument("--dataset", default="colored-digits", help="digit x colour data (colored-mnist: real digits)")
     p.add_argument("--image-size", type=int, default=0, help="0: the table's setting (8)")
-    p.add_argument("--out", default="docs", help="folder for dcfm.json and dcfm_grid.png")
+    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="run-config overrides on top of the table's settings (e.g. dcfm.local-steps=200)")
+    p.add_argument("--out", default="docs", help="folder for dcfm[_<dataset>].json and its grid")
     p.add_argument("--runs", default="runs/dcfm-table", help="folder of the runs' own folders")
     p.add_argument("--backend", choices=BACKENDS, default="ray",
                    help="ray: fedapp.simulate; inprocess: fedapp.simulation.simulate_in_process (no Ray start-up)")
@@ -105,23 +134,30 @@ def main(argv: list[str]) -> None:
     settings = {**(QUICK if a.quick else SETTINGS), "dataset": a.dataset}
     if a.image_size:
         settings["image-size"] = a.image_size
+    settings.update(parse_set(a.set))
+    seeds = [int(x) for x in a.seeds.split(",") if x]
     check_configs([config(n, e, s, a.clients, settings, a.runs) for s in SPLITS for n, e in ROWS], a.clients)
-    out = Path(a.out) / "dcfm.json"
+    stem = "dcfm" if a.dataset == "colored-digits" else f"dcfm_{a.dataset}"
+    out = Path(a.out) / f"{stem}.json"
     done = json.loads(out.read_text()) if out.exists() else {}
     if done.get("settings") != settings or done.get("clients") != a.clients:
         done = {"settings": settings, "clients": a.clients, "rows": []}
-    have = {(r["method"], r["split"]) for r in done["rows"]}
-    for split in SPLITS:
-        for name, extra in ROWS:
-            if (name, split) in have:
-                continue
-            done["rows"].append(run_one(name, extra, split, a.clients, settings, a.runs, a.backend))
-            out.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write_json(out, done)
-            print(table(done["rows"]), flush=True)
+    have = {(r["method"], r["split"], r.get("seed", 0)) for r in done["rows"]}
+    for seed in seeds:
+        for split in SPLITS:
+            for name, extra in ROWS:
+                if (name, split, seed) in have:
+                    continue
+                done["rows"].append(run_one(name, extra, split, a.clients, settings, a.runs, a.backend, seed))
+                done["mean_over_seeds"] = summarise(done["rows"])
+                out.parent.mkdir(parents=True, exist_ok=True)
+                atomic_write_json(out, done)
+                print(table(done["rows"]), flush=True)
     done["paper_noniid_novel_fid"] = PAPER_NONIID_NOVEL_FID
+    done["mean_over_seeds"] = summarise(done["rows"])
     atomic_write_json(out, done)
-    grid = [r for r in done["rows"] if r["method"] == "dcfm-b" and r["split"] == "non-iid"]
+    grid = sorted((r for r in done["rows"] if r["method"] == "dcfm-b" and r["split"] == "non-iid"),
+                  key=lambda r: r.get("seed", 0))
     if grid:
-        shutil.copy(Path(grid[0]["run_dir"]) / "images" / "grid.png", out.with_name("dcfm_grid.png"))
+        shutil.copy(Path(grid[0]["run_dir"]) / "images" / "grid.png", out.with_name(f"{stem}_grid.png"))
     print(table(done["rows"]))

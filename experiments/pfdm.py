@@ -13,11 +13,12 @@ whose folder goes under --runs; --out defaults to docs.
 from __future__ import annotations
 
 import argparse
+import json
 import shutil
 import time
 from pathlib import Path
 
-from experiments.common import BACKENDS, check_configs, kid_cell, prog, run
+from experiments.common import BACKENDS, check_configs, kid_cell, parse_set, prog, run
 from fedapp.results import atomic_write_json
 
 TABLE_METHODS = ("centralized-ddpm", "fedavg-ddpm", "local-only", "dpdm", "pfdm")
@@ -48,9 +49,9 @@ def config(args, method: str) -> dict:
             "pfdm.channels": args.channels, "pfdm.epsilon": args.epsilon}
 
 
-def run_one(args, method: str, clients: int) -> dict:
+def run_one(args, method: str, clients: int, overrides: dict | None = None) -> dict:
     t = time.time()
-    s = run(config(args, method), clients, args.backend)
+    s = run({**config(args, method), **(overrides or {})}, clients, args.backend)
     row = {k: v for k, v in s["metrics"].items() if k in KEEP}
     row.update({"method": method, "clients": clients, "wall_seconds": round(time.time() - t, 1),
                 "run_dir": s["run_dir"], "privacy": s.get("privacy")})
@@ -111,53 +112,139 @@ def plot_scaling(scaling: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
+EPS_CURVE = "1,3,10,30,100,inf"
+SETUP_KEYS = ("clients", "steps", "rounds", "samples", "sample_steps", "attack_samples", "channels", "dataset",
+              "image_size", "seed", "set")  # what every row depends on; a rerun under the same setup resumes
+
+
+def curve_epsilon(text: str) -> float:
+    """An ε of the curve: a positive number or inf (t0 = 1, the least noise: no privacy to speak of)."""
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"--eps-curve value {text!r}: must be > 0 or inf")
+    return value
+
+
+def eps_config(args, epsilon: float) -> dict:
+    """pfdm at one point of the ε curve: pfdm.epsilon picks t0; ε = inf is the lowest level, t0 = 1."""
+    if epsilon == float("inf"):
+        return {"pfdm.t0": 1}
+    return {"pfdm.epsilon": epsilon, "pfdm.t0": 0}
+
+
+def plot_eps_curve(curve: list[dict], table: list[dict], path: Path) -> None:
+    """Client 0's minority and majority KID against ε, the non-collaborative and federated references as
+    horizontal lines; ε = inf is drawn at the right edge."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    eps = sorted(float(r["epsilon"]) for r in curve)
+    curve = sorted(curve, key=lambda r: float(r["epsilon"]))
+    finite = [e for e in eps if e != float("inf")]
+    edge = max(finite) * 10 if finite else 1.0
+    xs = [e if e != float("inf") else edge for e in eps]
+    refs = {r["method"]: r for r in table}
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.4), sharey=False)
+    for ax, group in zip(axes, ("minority", "majority")):
+        key = f"{group}_kid"
+        ax.errorbar(xs, [r[key] for r in curve], yerr=[r[key + "_std"] for r in curve], fmt="o-", label="PFDM")
+        ax.plot(xs, [r[f"private_only_{key}"] for r in curve], "s:", color="C1",
+                label="private model alone (its run)")
+        for (name, style) in (("local-only", "--"), ("fedavg-ddpm", "-."), ("dpdm", ":")):
+            if name in refs and key in refs[name]:
+                ax.axhline(refs[name][key], ls=style, color="grey", lw=1, label=name)
+        ax.set_xscale("log")
+        ax.set_xticks(xs, [("∞" if e == float("inf") else f"{e:g}") + f"\nt0={r['t0']}" for e, r in zip(eps, curve)],
+                      fontsize=7)
+        ax.set_xlabel("ε (LDP of an upload)"); ax.set_ylabel(f"client 0 {group} KID")
+        ax.set_title(f"{group} classes", fontsize=9)
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
 def main(argv: list[str]) -> None:
     ap = argparse.ArgumentParser(prog=prog("pfdm"), description=__doc__.split("\n")[0])
-    ap.add_argument("--clients", type=int, default=4, help="clients of the main table")
+    ap.add_argument("--clients", type=int, default=4, help="clients of the main table and the ε curve")
     ap.add_argument("--scaling", default="2,4,8", help="client counts of the scaling plot (pfdm runs)")
+    ap.add_argument("--eps-curve", default="", help=f"ε values of the ε curve (pfdm runs at --clients), e.g. {EPS_CURVE}; "
+                                                    "inf = t0 of 1")
     ap.add_argument("--steps", type=int, default=400, help="pfdm.local-steps = pfdm.shared-steps")
     ap.add_argument("--rounds", type=int, default=4, help="fedavg-ddpm rounds (local steps split over them)")
     ap.add_argument("--samples", type=int, default=400)
     ap.add_argument("--sample-steps", type=int, default=40)
     ap.add_argument("--attack-samples", type=int, default=300)
     ap.add_argument("--channels", default="16,32")
-    ap.add_argument("--epsilon", type=float, default=10.0)
+    ap.add_argument("--epsilon", type=float, default=10.0, help="ε of the table's pfdm and dpdm rows")
     ap.add_argument("--dataset", default="colored-digits", help="a dataset with classes (colored-mnist: real digits)")
     ap.add_argument("--image-size", type=int, default=8)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--methods", default=",".join(TABLE_METHODS))
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="run-config overrides for every run")
     ap.add_argument("--runs", default="runs/pfdm-experiment", help="folder of the runs' own folders")
-    ap.add_argument("--out", default="docs", help="folder for pfdm.json, pfdm_grids/ and pfdm_scaling.png")
+    ap.add_argument("--out", default="docs", help="folder for pfdm[_<dataset>].json, its grids and plots")
     ap.add_argument("--backend", choices=BACKENDS, default="ray",
                     help="ray: fedapp.simulate; inprocess: fedapp.simulation.simulate_in_process (no Ray start-up)")
     args = ap.parse_args(argv)
-    methods = args.methods.split(",")
+    methods = [m for m in args.methods.split(",") if m]
     scaling = [int(c) for c in args.scaling.split(",") if c]
-    check_configs([config(args, m) for m in methods], args.clients)
+    try:
+        eps_curve = [curve_epsilon(e) for e in args.eps_curve.split(",") if e]
+    except argparse.ArgumentTypeError as err:
+        ap.error(str(err))
+    overrides = parse_set(args.set)
+    check_configs([{**config(args, m), **overrides} for m in methods], args.clients)
+    check_configs([{**config(args, "pfdm"), **eps_config(args, e), **overrides} for e in eps_curve], args.clients)
     for n in scaling:
-        check_configs([config(args, "pfdm")], n)
+        check_configs([{**config(args, "pfdm"), **overrides}], n)
     docs = Path(args.out)
     docs.mkdir(parents=True, exist_ok=True)
-    result = {"settings": vars(args), "paper": PAPER, "table": [], "scaling": []}
+    stem = "pfdm" if args.dataset == "colored-digits" else f"pfdm_{args.dataset}"
+    path = docs / f"{stem}.json"
+    setup = {k: getattr(args, k) for k in SETUP_KEYS}
+    old = json.loads(path.read_text()) if path.exists() else {}
+    kept = old if old.get("setup") == setup else {}  # resume: rows measured under the same setup
+    result = {"setup": setup, "settings": vars(args), "paper": PAPER,
+              "table": [], "scaling": [], "eps_curve": list(kept.get("eps_curve", []))}
+    done = {(r["method"], r["clients"], r.get("epsilon", args.epsilon)): r
+            for r in kept.get("table", []) + kept.get("scaling", [])}
 
     def save():
-        atomic_write_json(docs / "pfdm.json", result)
+        atomic_write_json(path, result)
+
+    def row_for(method: str, clients: int, extra: dict | None = None) -> dict:
+        key = (method, clients, args.epsilon)
+        if key not in done:
+            done[key] = run_one(args, method, clients, {**overrides, **(extra or {})})
+            done[key]["epsilon"] = args.epsilon
+            copy_grids(done[key], docs / f"{stem}_grids")
+        return done[key]
 
     for method in methods:
-        row = run_one(args, method, args.clients)
-        copy_grids(row, docs / "pfdm_grids")
-        result["table"].append(row)
+        result["table"].append(row_for(method, args.clients))
         save()
-    result["table_markdown"] = print_table(result["table"])
-    save()
+    if result["table"]:
+        result["table_markdown"] = print_table(result["table"])
     for n in scaling:
-        done = [r for r in result["table"] if r["method"] == "pfdm" and r["clients"] == n]
-        row = done[0] if done else run_one(args, "pfdm", n)
-        result["scaling"].append(row)
+        result["scaling"].append(row_for("pfdm", n))
         save()
     if result["scaling"]:
-        plot_scaling(result["scaling"], docs / "pfdm_scaling.png")
+        plot_scaling(result["scaling"], docs / f"{stem}_scaling.png")
         for r in sorted(result["scaling"], key=lambda r: r["clients"]):
             print(f"N={r['clients']}: minority private-only {r['private_only_minority_distance']:.3f} "
                   f"pfdm {r['minority_distance']:.3f} gap {r['private_only_minority_distance'] - r['minority_distance']:+.3f}")
+    measured = {float(r["epsilon"]) for r in result["eps_curve"]}
+    for eps in eps_curve:
+        if eps not in measured:
+            row = run_one(args, "pfdm", args.clients, {**overrides, **eps_config(args, eps)})
+            row.update(epsilon=eps if eps != float("inf") else "inf", t0=row["privacy"]["t0"])  # strict JSON
+            result["eps_curve"].append(row)
+            save()
+    if result["eps_curve"]:
+        plot_eps_curve(result["eps_curve"], result["table"], docs / f"{stem}_eps_curve.png")
+        for r in sorted(result["eps_curve"], key=lambda r: float(r["epsilon"])):
+            print(f"eps={r['epsilon']} t0={r['t0']}: KID minority {r['minority_kid']:.4f} "
+                  f"(private alone {r['private_only_minority_kid']:.4f}), majority {r['majority_kid']:.4f}")
     save()

@@ -55,19 +55,6 @@ def register(fed: Federation, public_key, connection: str) -> int:
     return int(found.group(1))
 
 
-def test_loopback_deployment_runs_one_fedavg_round(fed):
-    port = free_port()
-    fed.superlink("127.0.0.1", port)
-    fed.connection("loopback", f"127.0.0.1:{port}")
-    for k in range(2):
-        fed.supernode(f"node{k}", f"127.0.0.1:{port}", k, 2)
-    s = fed.run_app("loopback", "deploy", min_clients=2)
-    assert s["status"] == "completed" and s["num_clients"] == 2
-    assert set(s["metrics"]["per_client_accuracy"]) == {"0", "1"}
-    assert s["metrics"]["accuracy"] > 0.4  # it learned: chance is 0.10, an in-process run gets 0.61
-    assert s["failures"] == []
-
-
 def test_tls_and_supernode_auth_admit_only_registered_nodes(fed, certs):
     """A SuperLink with TLS and `--enable-supernode-auth`; one node registered, two strangers (an
     unregistered key, no key). min-clients=1 and FedAvg sampling every connected node make the
@@ -132,6 +119,7 @@ def test_killed_supernode_is_recorded_once_and_the_run_completes(fed):
 
     assert s["status"] == "completed" and s["num_clients"] == 3
     assert set(s["metrics"]["per_client_accuracy"]) == {"0", "1"}  # evaluated without the dead node
+    assert s["metrics"]["accuracy"] > 0.2  # the live nodes learned (3 thin shards, one round): chance 0.10, measured 0.26
     failures = s["failures"]
     assert len(failures) == 1 and failures[0]["node_id"] == victim_id, failures
     failure = failures[0]

@@ -60,3 +60,42 @@ def test_the_dispatcher_lists_experiments_and_rejects_unknown_names(workdir):
     assert listed.returncode == 0 and "espresso-ablation" in listed.stdout
     unknown = _run(workdir, "no-such-table")
     assert unknown.returncode == 1 and "must be one of" in unknown.stderr
+
+
+def test_dcfm_table_summarises_each_method_and_split_over_its_seeds():
+    from experiments.dcfm import summarise
+
+    rows = [{"method": "dcfm-a", "split": "iid", "seed": s, "novel_distance": d, "seen_distance": 1.0}
+            for s, d in ((0, 2.0), (1, 4.0), (2, 6.0))] + [{"method": "ddm", "split": "iid", "seed": 0,
+                                                           "novel_distance": 9.0}]
+    cells = {(c["method"], c["split"]): c for c in summarise(rows)}
+    assert set(cells) == {("dcfm-a", "iid"), ("ddm", "iid")}
+    a = cells["dcfm-a", "iid"]
+    assert a["seeds"] == [0, 1, 2] and a["novel_distance"] == 4.0
+    assert abs(a["novel_distance_std"] - (8 / 3) ** 0.5) < 1e-12 and a["seen_distance_std"] == 0.0
+    assert cells["ddm", "iid"]["novel_distance_std"] == 0.0 and "seen_distance" not in cells["ddm", "iid"]
+
+
+def test_pfdm_eps_curve_points_map_to_the_run_config_and_inf_is_the_lowest_level():
+    import argparse
+
+    from experiments.pfdm import curve_epsilon, eps_config
+
+    assert eps_config(None, 10.0) == {"pfdm.epsilon": 10.0, "pfdm.t0": 0}  # pfdm.t0 = 0: epsilon picks t0
+    assert eps_config(None, curve_epsilon("inf")) == {"pfdm.t0": 1}
+    for bad in ("0", "-3"):
+        with pytest.raises(argparse.ArgumentTypeError, match="must be > 0 or inf"):
+            curve_epsilon(bad)
+
+
+def test_pfdm_eps_curve_plot_takes_rows_as_saved(tmp_path):
+    from experiments.pfdm import plot_eps_curve
+
+    def row(eps, t0, kid):
+        return {"epsilon": eps, "t0": t0, **{f"{p}{g}_kid{s}": kid for p in ("", "private_only_")
+                                             for g in ("minority", "majority") for s in ("", "_std")}}
+
+    curve = [row("inf", 1, 0.1), row(10.0, 693, 0.3), row(1.0, 952, 0.5)]  # "inf" as the json holds it
+    table = [{"method": "local-only", "minority_kid": 0.2, "majority_kid": 0.1}]
+    plot_eps_curve(curve, table, tmp_path / "curve.png")
+    assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
