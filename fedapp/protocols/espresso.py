@@ -81,12 +81,13 @@ class EspressoOptions:
     zigzag: str = opt("paper", choices=ZIGZAG_CONVENTIONS,
                       help="Z-sampling's inversion: paper (UNet at t-1, every step above T_z) or official (the "
                            "Zigzag authors' code: UNet at t, every step above T_z but the last)")
-    steps: int = opt(50, low=1, high=1000, help="DDIM steps of the server's sampler (paper ~50: with trailing "
-                                                 "spacing and T_z=800, 10 zigzag steps at stride 20)")
+    steps: int = opt(10, low=1, high=1000, help="DDIM steps of the server's sampler: a zigzag at every step above "
+                                                 "T_z (trailing, T_z=800: 2 at stride 100; the paper's ~50: 10 at "
+                                                 "stride 20, 5x the synthesis time)")
     spacing: str = opt("trailing", choices=SPACINGS,
                        help="timestep spacing of the sampler: trailing starts at t = T-1 (where the model was "
                             "trained); leading at T - T/steps. The clients fit the GMM of z^T at that first level")
-    embed_steps: int = opt(200, low=0, help="Adam steps of condition learning; every condition gets a gradient each step")
+    embed_steps: int = opt(100, low=0, help="Adam steps of condition learning; every condition gets a gradient each step")
     embed_lr: float = opt(0.05, low=0.0, low_open=True, help="Adam learning rate of condition learning")
     embed_batch: int = opt(1, low=1, help="images per condition per step (a cluster's images when fewer); all "
                                           "conditions' rows go through the UNet in one batched call")
