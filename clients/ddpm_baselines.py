@@ -11,11 +11,12 @@ from __future__ import annotations
 import math
 
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, Message, RecordDict
 
+from clients.classify import round_of, train_reply
 from fedapp.client_context import ClientContext
-from fedapp.models.ddpm import build_ddpm, train_ddpm
-from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY, ROUND_KEY, RUN_KEY
+from fedapp.models.ddpm import DDPM, build_ddpm, train_ddpm
+from fedapp.protocols import ARRAYS_KEY
 from fedapp.protocols import pfdm as P
 
 
@@ -38,15 +39,24 @@ def handle_local_sample(msg: Message, ctx: ClientContext) -> RecordDict:
     return RecordDict({P.SAMPLES_KEY: ArrayRecord({P.X: x, P.Y: y})})
 
 
+def steps_per_round(o, rounds: int) -> int:
+    """A client's pfdm.local-steps budget split over the FedAvg rounds."""
+    return math.ceil(o.local_steps / rounds)
+
+
+def global_ddpm(msg: Message, ctx: ClientContext) -> tuple[int, DDPM]:
+    """(round, the global class-conditional DDPM of the message) of a FedAvg-style DDPM round."""
+    model = build_ddpm(ctx.cfg.image_size, ctx.shard.info.num_classes, flag=False, channels=ctx.cfg.options.channels)
+    model.load_state_dict(msg.content.array_records[ARRAYS_KEY].to_torch_state_dict())
+    return round_of(msg), model
+
+
 def handle_fedavg_train(msg: Message, ctx: ClientContext) -> RecordDict:
     o, shard = ctx.cfg.options, ctx.shard
-    rnd = int(msg.content.config_records[RUN_KEY].get(ROUND_KEY, 1))
-    steps = math.ceil(o.local_steps / ctx.cfg.num_server_rounds)
-    init = msg.content.array_records[ARRAYS_KEY].to_torch_state_dict()
-    model, loss = train_local_ddpm(shard.train.x, shard.train.y, o, ctx.cfg.image_size, shard.info.num_classes,
-                                   ctx.seed_for(rnd), ctx.device, steps=steps, init=init)
-    return RecordDict({ARRAYS_KEY: ArrayRecord(model.state_dict()),
-                       METRICS_KEY: MetricRecord({NUM_EXAMPLES_KEY: len(shard.train), P.TRAIN_LOSS_METRIC: loss})})
+    rnd, model = global_ddpm(msg, ctx)
+    loss = train_ddpm(model, shard.train.x, shard.train.y, steps=steps_per_round(o, ctx.cfg.num_server_rounds),
+                      batch=o.batch, lr=o.lr, seed=ctx.seed_for(rnd), device=ctx.device)
+    return train_reply(model, len(shard.train), {P.TRAIN_LOSS_METRIC: loss})
 
 
 HANDLERS = {P.LOCAL_SAMPLE.message_type: handle_local_sample, P.FEDAVG_TRAIN.message_type: handle_fedavg_train}

@@ -11,16 +11,16 @@ far) at pfdm.delta. Not DPDM's: noise multiplicity (several levels per image and
 
 from __future__ import annotations
 
-import math
 import warnings
 
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import Message, RecordDict
 
+from clients.classify import train_reply
+from clients.ddpm_baselines import global_ddpm, steps_per_round
 from fedapp.client_context import ClientContext
-from fedapp.models.ddpm import DDPM, build_ddpm
+from fedapp.models.ddpm import DDPM, LossTail
 from fedapp.privacy import dpsgd_epsilon, dpsgd_noise_multiplier, os_torch_generator
-from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY, ROUND_KEY, RUN_KEY
 from fedapp.protocols import pfdm as P
 
 
@@ -42,7 +42,7 @@ def train_ddpm_dpsgd(model: DDPM, x: torch.Tensor, y: torch.Tensor, *, steps: in
                           max_grad_norm=max_grad_norm, expected_batch_size=max(1, round(sample_rate * len(x))),
                           generator=private)
     g = torch.Generator().manual_seed(seed)
-    tail, step = [], 0
+    tail, step = LossTail(steps), 0
     while step < steps:
         for xb, yb in loader:
             if step == steps:
@@ -51,8 +51,7 @@ def train_ddpm_dpsgd(model: DDPM, x: torch.Tensor, y: torch.Tensor, *, steps: in
             if len(xb):
                 loss = model.loss(xb.to(device), yb.to(device), generator=g)
                 loss.backward()
-                if step >= steps - max(1, steps // 10):
-                    tail.append(loss.item())
+                tail.add(step, loss)
             else:  # an empty Poisson batch still takes a pure-noise step: no per-sample gradients, as Opacus' own
                 for p in gsm.parameters():
                     if p.requires_grad:
@@ -61,28 +60,25 @@ def train_ddpm_dpsgd(model: DDPM, x: torch.Tensor, y: torch.Tensor, *, steps: in
             step += 1
     gsm.remove_hooks()  # the returned model is a plain DDPM again
     model.eval()
-    return sum(tail) / len(tail) if tail else float("nan")
+    return tail.mean()
 
 
 def round_plan(n: int, o, rounds: int) -> tuple[int, float, float]:
     """(steps per round, sample rate q, noise multiplier) of a client with n training images."""
-    steps = math.ceil(o.local_steps / rounds)
+    steps = steps_per_round(o, rounds)
     q = min(1.0, o.batch / n)
     sigma = o.dp_noise or dpsgd_noise_multiplier(o.epsilon, o.delta, q, steps * rounds)
     return steps, q, sigma
 
 
 def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
-    o, shard, cfg = ctx.cfg.options, ctx.shard, ctx.cfg
-    rnd = int(msg.content.config_records[RUN_KEY].get(ROUND_KEY, 1))
-    steps, q, sigma = round_plan(len(shard.train), o, cfg.num_server_rounds)
-    model = build_ddpm(cfg.image_size, shard.info.num_classes, flag=False, channels=o.channels)
-    model.load_state_dict(msg.content.array_records[ARRAYS_KEY].to_torch_state_dict())
+    o, shard = ctx.cfg.options, ctx.shard
+    rnd, model = global_ddpm(msg, ctx)
+    steps, q, sigma = round_plan(len(shard.train), o, ctx.cfg.num_server_rounds)
     loss = train_ddpm_dpsgd(model, shard.train.x, shard.train.y, steps=steps, sample_rate=q, noise_multiplier=sigma,
                             max_grad_norm=o.dp_clip, lr=o.lr, seed=ctx.seed_for(rnd), device=ctx.device)
-    metrics = {NUM_EXAMPLES_KEY: len(shard.train), P.TRAIN_LOSS_METRIC: loss,
-               P.DP_EPSILON_METRIC: dpsgd_epsilon(sigma, q, steps * rnd, o.delta), P.DP_NOISE_METRIC: sigma}
-    return RecordDict({ARRAYS_KEY: ArrayRecord(model.cpu().state_dict()), METRICS_KEY: MetricRecord(metrics)})
+    return train_reply(model, len(shard.train), {P.TRAIN_LOSS_METRIC: loss, P.DP_NOISE_METRIC: sigma,
+                                                 P.DP_EPSILON_METRIC: dpsgd_epsilon(sigma, q, steps * rnd, o.delta)})
 
 
 HANDLERS = {P.DPDM_TRAIN.message_type: handle_train}

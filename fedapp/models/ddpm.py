@@ -142,7 +142,7 @@ def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     t_range = t_range or (0, model.T)
-    tail = []
+    tail = LossTail(steps)
     for step in range(steps):
         idx = torch.randint(0, len(x), (min(batch, len(x)),), generator=g)
         yb = None if y is None else y[idx].to(device)
@@ -151,7 +151,21 @@ def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if step >= steps - max(1, steps // 10):
-            tail.append(loss.item())
+        tail.add(step, loss)
     model.eval()
-    return sum(tail) / len(tail)
+    return tail.mean()
+
+
+class LossTail:
+    """The mean training loss over the last 10% of `steps` (at least the last step): what a trainer reports."""
+
+    def __init__(self, steps: int):
+        self.first = steps - max(1, steps // 10)
+        self.losses: list[float] = []
+
+    def add(self, step: int, loss: torch.Tensor) -> None:
+        if step >= self.first:
+            self.losses.append(loss.item())
+
+    def mean(self) -> float:
+        return sum(self.losses) / len(self.losses) if self.losses else float("nan")
