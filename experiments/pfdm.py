@@ -2,12 +2,14 @@
 
 Prints client 0's majority/minority/mean Frechet distance and KID (reference-classifier features, not
 Inception) for centralized-ddpm, fedavg-ddpm, local-only, dpdm (DP-SGD at --epsilon) and pfdm, and the
-attack figures; writes
-<out>/pfdm.json, per-client sample grids under <out>/pfdm_grids/, and <out>/pfdm_scaling.png: client 0's
-minority distance of the private model alone (non-collaborative) minus PFDM's, as the number of clients
-grows (total data fixed: the pool is split over more clients). Results are written after every run.
-Every run is a Ray simulation (`fedapp.simulate`; --backend inprocess: fedapp.simulation.simulate_in_process)
-whose folder goes under --runs; --out defaults to docs.
+attack figures, mean ± std over --seeds; writes <out>/pfdm[_<dataset>].json (every run, and the table,
+the ε curve and the scaling as means over seeds), the first seed's per-client sample grids under
+<out>/pfdm[_<dataset>]_grids/, <out>/..._eps_curve.png (client 0's KID against ε, --eps-curve, with the
+baselines as references) and <out>/..._scaling.png (PFDM and its private model alone as the number of
+clients grows, total data fixed: the pool is split over more clients). Results are written after every
+run; a rerun under the same setup measures only what is missing. Every run is a Ray simulation
+(`fedapp.simulate`; --backend inprocess: fedapp.simulation.simulate_in_process) whose folder goes under
+--runs; --out defaults to docs.
 """
 
 from __future__ import annotations
@@ -15,10 +17,11 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
+import statistics
 import time
 from pathlib import Path
 
-from experiments.common import BACKENDS, check_configs, kid_cell, parse_set, prog, run
+from experiments.common import BACKENDS, check_configs, parse_set, prog, run
 from fedapp.results import atomic_write_json
 
 TABLE_METHODS = ("centralized-ddpm", "fedavg-ddpm", "local-only", "dpdm", "pfdm")
@@ -40,22 +43,43 @@ KEEP = KID_KEYS + ("majority_distance", "minority_distance", "mean_distance", "s
         "private_only_per_client")
 
 
-def config(args, method: str) -> dict:
+def config(args, method: str, seed: int) -> dict:
     return {"method": method, "dataset": args.dataset, "partitioner": "minority", "partitioner.per-class": 0,
             "image-size": args.image_size,
-            "seed": args.seed, "out-dir": args.runs, "min-clients": 2, "num-server-rounds": args.rounds,
+            "seed": seed, "out-dir": args.runs, "min-clients": 2, "num-server-rounds": args.rounds,
             "pfdm.local-steps": args.steps, "pfdm.shared-steps": args.steps, "pfdm.samples": args.samples,
             "pfdm.sample-steps": args.sample_steps, "pfdm.attack-samples": args.attack_samples,
             "pfdm.channels": args.channels, "pfdm.epsilon": args.epsilon}
 
 
-def run_one(args, method: str, clients: int, overrides: dict | None = None) -> dict:
+def eps_key(epsilon: float):
+    """ε as the json holds it: a number, or "inf" (strict JSON has no infinity)."""
+    return "inf" if epsilon == float("inf") else float(epsilon)
+
+
+def run_one(args, method: str, clients: int, epsilon: float, seed: int, overrides: dict) -> dict:
     t = time.time()
-    s = run({**config(args, method), **(overrides or {})}, clients, args.backend)
+    s = run({**config(args, method, seed), **eps_config(epsilon), **overrides}, clients, args.backend)
     row = {k: v for k, v in s["metrics"].items() if k in KEEP}
-    row.update({"method": method, "clients": clients, "wall_seconds": round(time.time() - t, 1),
+    row.update({"method": method, "clients": clients, "epsilon": eps_key(epsilon), "seed": seed,
+                "t0": (s.get("privacy") or {}).get("t0"), "wall_seconds": round(time.time() - t, 1),
                 "run_dir": s["run_dir"], "privacy": s.get("privacy")})
     return row
+
+
+def aggregate(rows: list[dict]) -> dict:
+    """The runs of one cell (same method, clients and ε; one per seed): the mean of every numeric figure,
+    `<key>_seed_std` its std over the seeds (ddof 0), the seeds, the summed wall time, the first run's rest."""
+    first = rows[0]
+    cell = {k: v for k, v in first.items() if not isinstance(v, (int, float)) or isinstance(v, bool)}
+    cell.update(clients=first["clients"], epsilon=first["epsilon"], t0=first.get("t0"), seeds=[r["seed"] for r in rows],
+                wall_seconds=round(sum(r["wall_seconds"] for r in rows), 1), run_dirs=[r["run_dir"] for r in rows])
+    for k, v in first.items():
+        if k in KEEP and isinstance(v, (int, float)) and not isinstance(v, bool):
+            vals = [r[k] for r in rows if isinstance(r.get(k), (int, float))]
+            cell[k] = statistics.fmean(vals)
+            cell[k + "_seed_std"] = statistics.pstdev(vals)
+    return cell
 
 
 def copy_grids(row: dict, dest: Path) -> None:
@@ -70,25 +94,44 @@ def fmt(v, pct=False) -> str:
     return f"{100 * v:.1f}" if pct else f"{v:.3f}"
 
 
+def cell(r: dict, key: str, pct: bool = False) -> str:
+    """mean, and ± the std over seeds where there are several."""
+    if r.get(key) is None:
+        return "n/a"
+    text = fmt(r[key], pct)
+    if len(r.get("seeds", [])) > 1:
+        text += f" ± {fmt(r[key + '_seed_std'], pct)}"
+    return text
+
+
 def print_table(rows: list[dict]) -> str:
-    lines = ["| method | majority | minority | mean | KID majority | KID minority | sample acc | MIA AUC % | MIA acc % | TPR@1%FPR % | memorised | paper FID (maj/min/mean) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    lines = [("| method | seeds | majority | minority | mean | KID majority | KID minority | sample acc % | MIA AUC % | "
+              "MIA acc % | TPR@1%FPR % | memorised | paper FID (maj/min/mean) |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = PAPER.get(r["method"])
         spent = f", DP-SGD ε={r['dp_epsilon']:.2f}" if r.get("dp_epsilon") else ""
-        lines.append(f"| {r['method']} (N={r['clients']}{spent}) | {fmt(r['majority_distance'])} | {fmt(r['minority_distance'])} | "
-                     f"{fmt(r['mean_distance'])} | {kid_cell(r, 'majority_kid')} | {kid_cell(r, 'minority_kid')} | "
-                     f"{fmt(r.get('sample_accuracy'), True)} | {fmt(r.get('mia_auc'), True)} | "
-                     f"{fmt(r.get('mia_attack_accuracy'), True)} | {fmt(r.get('mia_tpr_at_1fpr'), True)} | "
-                     f"{fmt(r.get('shared_memorised_fraction'))} | {'/'.join(map(str, p)) if p else ''} |")
+        lines.append(f"| {r['method']} (N={r['clients']}{spent}) | {len(r['seeds'])} | {cell(r, 'majority_distance')} | "
+                     f"{cell(r, 'minority_distance')} | {cell(r, 'mean_distance')} | {cell(r, 'majority_kid')} | "
+                     f"{cell(r, 'minority_kid')} | {cell(r, 'sample_accuracy', True)} | {cell(r, 'mia_auc', True)} | "
+                     f"{cell(r, 'mia_attack_accuracy', True)} | {cell(r, 'mia_tpr_at_1fpr', True)} | "
+                     f"{cell(r, 'shared_memorised_fraction')} | {'/'.join(map(str, p)) if p else ''} |")
         if r["method"] == "pfdm":
-            lines.append(f"| pfdm: private model alone (N={r['clients']}) | {fmt(r['private_only_majority_distance'])} | "
-                         f"{fmt(r['private_only_minority_distance'])} | {fmt(r['private_only_mean_distance'])} | "
-                         f"{kid_cell(r, 'private_only_majority_kid')} | {kid_cell(r, 'private_only_minority_kid')} | "
-                         f"{fmt(r.get('private_only_sample_accuracy'), True)} | | | | | |")
+            lines.append(f"| pfdm: private model alone (N={r['clients']}) | {len(r['seeds'])} | "
+                         f"{cell(r, 'private_only_majority_distance')} | {cell(r, 'private_only_minority_distance')} | "
+                         f"{cell(r, 'private_only_mean_distance')} | {cell(r, 'private_only_majority_kid')} | "
+                         f"{cell(r, 'private_only_minority_kid')} | {cell(r, 'private_only_sample_accuracy', True)} "
+                         "| | | | | |")
     text = "\n".join(lines)
     print(text)
     return text
+
+
+def spread(r: dict, key: str) -> float:
+    """An error bar: the std over seeds where there are several, else the figure's own (KID: over subsets)."""
+    if len(r.get("seeds", [])) > 1:
+        return r[key + "_seed_std"]
+    return r.get(key + "_std", 0.0)
 
 
 def plot_scaling(scaling: list[dict], path: Path) -> None:
@@ -103,22 +146,23 @@ def plot_scaling(scaling: list[dict], path: Path) -> None:
     n = [r["clients"] for r in scaling]
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.3))
     for ax, (key, name) in zip(axes, (("minority_kid", "KID"), ("minority_distance", "Frechet distance"))):
-        if not all(key in r for r in scaling):  # rows measured before KID
-            ax.set_visible(False)
-            continue
-        ax.plot(n, [r[f"private_only_{key}"] for r in scaling], "s-", label="private model alone (non-collab.)")
-        ax.plot(n, [r[key] for r in scaling], "o-", label="PFDM (shared T→t0, private t0→0)")
+        ax.errorbar(n, [r[f"private_only_{key}"] for r in scaling],
+                    yerr=[spread(r, f"private_only_{key}") for r in scaling], fmt="s-", capsize=3,
+                    label="private model alone (non-collab.)")
+        ax.errorbar(n, [r[key] for r in scaling], yerr=[spread(r, key) for r in scaling], fmt="o-", capsize=3,
+                    label="PFDM (shared T→t0, private t0→0)")
         ax.set_xscale("log", base=2); ax.set_xticks(n, [str(c) for c in n])
         ax.set_xlabel("clients (total data fixed)"); ax.set_ylabel(f"client 0 minority {name}")
         ax.legend(fontsize=7)
-    fig.suptitle("minority classes of client 0 (reference-classifier features)", fontsize=9)
+    seeds = len(scaling[0].get("seeds", [0]))
+    fig.suptitle(f"minority classes of client 0 (reference-classifier features; {seeds} seed(s))", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
     fig.savefig(path, dpi=110)
 
 
 EPS_CURVE = "1,3,10,30,100,inf"
 SETUP_KEYS = ("clients", "steps", "rounds", "samples", "sample_steps", "attack_samples", "channels", "dataset",
-              "image_size", "seed", "set")  # what every row depends on; a rerun under the same setup resumes
+              "image_size", "epsilon", "set")  # what every run depends on; a rerun under the same setup resumes
 
 
 def curve_epsilon(text: str) -> float:
@@ -129,8 +173,8 @@ def curve_epsilon(text: str) -> float:
     return value
 
 
-def eps_config(args, epsilon: float) -> dict:
-    """pfdm at one point of the ε curve: pfdm.epsilon picks t0; ε = inf is the lowest level, t0 = 1."""
+def eps_config(epsilon: float) -> dict:
+    """pfdm at ε: pfdm.epsilon picks t0 (pfdm.t0 = 0); ε = inf is the lowest level, t0 = 1."""
     if epsilon == float("inf"):
         return {"pfdm.t0": 1}
     return {"pfdm.epsilon": epsilon, "pfdm.t0": 0}
@@ -150,22 +194,28 @@ def plot_eps_curve(curve: list[dict], table: list[dict], path: Path) -> None:
     edge = max(finite) * 10 if finite else 1.0
     xs = [e if e != float("inf") else edge for e in eps]
     refs = {r["method"]: r for r in table}
-    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.4), sharey=False)
+    fig, axes = plt.subplots(1, 2, figsize=(9.5, 3.4))
     for ax, group in zip(axes, ("minority", "majority")):
         key = f"{group}_kid"
-        ax.errorbar(xs, [r[key] for r in curve], yerr=[r[key + "_std"] for r in curve], fmt="o-", label="PFDM")
-        ax.plot(xs, [r[f"private_only_{key}"] for r in curve], "s:", color="C1",
-                label="private model alone (its run)")
+        ax.errorbar(xs, [r[key] for r in curve], yerr=[spread(r, key) for r in curve], fmt="o-", capsize=3,
+                    label="PFDM")
+        ax.errorbar(xs, [r[f"private_only_{key}"] for r in curve],
+                    yerr=[spread(r, f"private_only_{key}") for r in curve], fmt="s:", color="C1", capsize=3,
+                    label="private model alone (its run)")
         for (name, style) in (("local-only", "--"), ("fedavg-ddpm", "-."), ("dpdm", ":")):
             if name in refs and key in refs[name]:
                 ax.axhline(refs[name][key], ls=style, color="grey", lw=1, label=name)
         ax.set_xscale("log")
         ax.set_xticks(xs, [("∞" if e == float("inf") else f"{e:g}") + f"\nt0={r['t0']}" for e, r in zip(eps, curve)],
                       fontsize=7)
+        ax.minorticks_off()
         ax.set_xlabel("ε (LDP of an upload)"); ax.set_ylabel(f"client 0 {group} KID")
         ax.set_title(f"{group} classes", fontsize=9)
     axes[0].legend(fontsize=7)
-    fig.tight_layout()
+    seeds = len(curve[0].get("seeds", [0]))
+    fig.suptitle(f"PFDM against ε ({seeds} seed(s); error bars: std over seeds, or KID's over subsets for one)",
+                 fontsize=9)
+    fig.tight_layout(rect=(0, 0, 1, 0.93))
     fig.savefig(path, dpi=110)
 
 
@@ -184,7 +234,7 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--epsilon", type=float, default=10.0, help="ε of the table's pfdm and dpdm rows")
     ap.add_argument("--dataset", default="colored-digits", help="a dataset with classes (colored-mnist: real digits)")
     ap.add_argument("--image-size", type=int, default=8)
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seeds", default="0", help="comma-separated run seeds: every run once per seed")
     ap.add_argument("--methods", default=",".join(TABLE_METHODS))
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="run-config overrides for every run")
     ap.add_argument("--runs", default="runs/pfdm-experiment", help="folder of the runs' own folders")
@@ -194,63 +244,56 @@ def main(argv: list[str]) -> None:
     args = ap.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
     scaling = [int(c) for c in args.scaling.split(",") if c]
+    seeds = [int(x) for x in args.seeds.split(",") if x]
     try:
         eps_curve = [curve_epsilon(e) for e in args.eps_curve.split(",") if e]
     except argparse.ArgumentTypeError as err:
         ap.error(str(err))
     overrides = parse_set(args.set)
-    check_configs([{**config(args, m), **overrides} for m in methods], args.clients)
-    check_configs([{**config(args, "pfdm"), **eps_config(args, e), **overrides} for e in eps_curve], args.clients)
-    for n in scaling:
-        check_configs([{**config(args, "pfdm"), **overrides}], n)
+    # (method, clients, ε) of every cell: the table at --epsilon, the ε curve, the scaling (at --epsilon)
+    cells = [(m, args.clients, args.epsilon) for m in methods] + [("pfdm", args.clients, e) for e in eps_curve] \
+        + [("pfdm", n, args.epsilon) for n in scaling]
+    for method, clients, eps in dict.fromkeys(cells):
+        check_configs([{**config(args, method, seeds[0]), **eps_config(eps), **overrides}], clients)
     docs = Path(args.out)
     docs.mkdir(parents=True, exist_ok=True)
     stem = "pfdm" if args.dataset == "colored-digits" else f"pfdm_{args.dataset}"
     path = docs / f"{stem}.json"
     setup = {k: getattr(args, k) for k in SETUP_KEYS}
     old = json.loads(path.read_text()) if path.exists() else {}
-    kept = old if old.get("setup") == setup else {}  # resume: rows measured under the same setup
-    result = {"setup": setup, "settings": vars(args), "paper": PAPER,
-              "table": [], "scaling": [], "eps_curve": list(kept.get("eps_curve", []))}
-    done = {(r["method"], r["clients"], r.get("epsilon", args.epsilon)): r
-            for r in kept.get("table", []) + kept.get("scaling", [])}
+    kept = old.get("runs", []) if old.get("setup") == setup else []  # resume: runs measured under the same setup
+    result = {"setup": setup, "settings": vars(args), "paper": PAPER, "runs": kept}
+    done = {(r["method"], r["clients"], r["epsilon"], r["seed"]): r for r in kept}
 
-    def save():
+    def views() -> None:
+        def agg(method, clients, eps):
+            rows = [done[method, clients, eps_key(eps), s] for s in seeds if (method, clients, eps_key(eps), s) in done]
+            return aggregate(rows) if rows else None
+        result["table"] = [c for m in methods if (c := agg(m, args.clients, args.epsilon))]
+        result["eps_curve"] = [c for e in eps_curve if (c := agg("pfdm", args.clients, e))]
+        result["scaling"] = [c for n in scaling if (c := agg("pfdm", n, args.epsilon))]
         atomic_write_json(path, result)
 
-    def row_for(method: str, clients: int, extra: dict | None = None) -> dict:
-        key = (method, clients, args.epsilon)
-        if key not in done:
-            done[key] = run_one(args, method, clients, {**overrides, **(extra or {})})
-            done[key]["epsilon"] = args.epsilon
-            copy_grids(done[key], docs / f"{stem}_grids")
-        return done[key]
-
-    for method in methods:
-        result["table"].append(row_for(method, args.clients))
-        save()
+    for seed in seeds:
+        for method, clients, eps in dict.fromkeys(cells):
+            key = (method, clients, eps_key(eps), seed)
+            if key not in done:
+                done[key] = run_one(args, method, clients, eps, seed, overrides)
+                result["runs"].append(done[key])
+                if seed == seeds[0]:
+                    copy_grids(done[key], docs / f"{stem}_grids")
+                views()
+    views()
     if result["table"]:
         result["table_markdown"] = print_table(result["table"])
-    measured = {float(r["epsilon"]) for r in result["eps_curve"]}
-    for eps in eps_curve:
-        if eps not in measured:
-            same = eps == args.epsilon and ("pfdm", args.clients, args.epsilon) in done  # the table's pfdm row
-            row = dict(done["pfdm", args.clients, args.epsilon]) if same else \
-                run_one(args, "pfdm", args.clients, {**overrides, **eps_config(args, eps)})
-            row.update(epsilon=eps if eps != float("inf") else "inf", t0=row["privacy"]["t0"])  # strict JSON
-            result["eps_curve"].append(row)
-            save()
     if result["eps_curve"]:
         plot_eps_curve(result["eps_curve"], result["table"], docs / f"{stem}_eps_curve.png")
-        for r in sorted(result["eps_curve"], key=lambda r: float(r["epsilon"])):
-            print(f"eps={r['epsilon']} t0={r['t0']}: KID minority {r['minority_kid']:.4f} "
-                  f"(private alone {r['private_only_minority_kid']:.4f}), majority {r['majority_kid']:.4f}")
-    for n in scaling:
-        result["scaling"].append(row_for("pfdm", n))
-        save()
+        for r in result["eps_curve"]:
+            print(f"eps={r['epsilon']} t0={r['t0']}: KID minority {cell(r, 'minority_kid')} (private alone "
+                  f"{cell(r, 'private_only_minority_kid')}), majority {cell(r, 'majority_kid')}")
     if result["scaling"]:
         plot_scaling(result["scaling"], docs / f"{stem}_scaling.png")
-        for r in sorted(result["scaling"], key=lambda r: r["clients"]):
-            print(f"N={r['clients']}: minority private-only {r['private_only_minority_distance']:.3f} "
-                  f"pfdm {r['minority_distance']:.3f} gap {r['private_only_minority_distance'] - r['minority_distance']:+.3f}")
-    save()
+        for r in result["scaling"]:
+            print(f"N={r['clients']}: KID minority pfdm {cell(r, 'minority_kid')}, private alone "
+                  f"{cell(r, 'private_only_minority_kid')}")
+    atomic_write_json(path, result)

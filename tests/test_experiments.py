@@ -81,8 +81,8 @@ def test_pfdm_eps_curve_points_map_to_the_run_config_and_inf_is_the_lowest_level
 
     from experiments.pfdm import curve_epsilon, eps_config
 
-    assert eps_config(None, 10.0) == {"pfdm.epsilon": 10.0, "pfdm.t0": 0}  # pfdm.t0 = 0: epsilon picks t0
-    assert eps_config(None, curve_epsilon("inf")) == {"pfdm.t0": 1}
+    assert eps_config(10.0) == {"pfdm.epsilon": 10.0, "pfdm.t0": 0}  # pfdm.t0 = 0: epsilon picks t0
+    assert eps_config(curve_epsilon("inf")) == {"pfdm.t0": 1}
     for bad in ("0", "-3"):
         with pytest.raises(argparse.ArgumentTypeError, match="must be > 0 or inf"):
             curve_epsilon(bad)
@@ -99,3 +99,16 @@ def test_pfdm_eps_curve_plot_takes_rows_as_saved(tmp_path):
     table = [{"method": "local-only", "minority_kid": 0.2, "majority_kid": 0.1}]
     plot_eps_curve(curve, table, tmp_path / "curve.png")
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_pfdm_cells_average_their_seeds_and_keep_what_is_not_a_number():
+    from experiments.pfdm import aggregate
+
+    runs = [{"method": "pfdm", "clients": 4, "epsilon": 10.0, "seed": s, "t0": 693, "wall_seconds": 60.0,
+             "run_dir": f"r{s}", "minority_kid": k, "mia_auc": None, "privacy": {"t0": 693}}
+            for s, k in ((0, 0.1), (1, 0.3))]
+    cell = aggregate(runs)
+    assert cell["seeds"] == [0, 1] and cell["epsilon"] == 10.0 and cell["t0"] == 693 and cell["clients"] == 4
+    assert abs(cell["minority_kid"] - 0.2) < 1e-12 and abs(cell["minority_kid_seed_std"] - 0.1) < 1e-12
+    assert cell["mia_auc"] is None and cell["privacy"] == {"t0": 693} and cell["wall_seconds"] == 120.0
+    assert cell["run_dirs"] == ["r0", "r1"]
