@@ -266,12 +266,19 @@ def main(argv: list[str]) -> None:
     done = {(r["method"], r["clients"], r["epsilon"], r["seed"]): r for r in kept}
 
     def views() -> None:
-        def agg(method, clients, eps):
-            rows = [done[method, clients, eps_key(eps), s] for s in seeds if (method, clients, eps_key(eps), s) in done]
-            return aggregate(rows) if rows else None
-        result["table"] = [c for m in methods if (c := agg(m, args.clients, args.epsilon))]
-        result["eps_curve"] = [c for e in eps_curve if (c := agg("pfdm", args.clients, e))]
-        result["scaling"] = [c for n in scaling if (c := agg("pfdm", n, args.epsilon))]
+        """The table, the ε curve and the scaling from every run of this setup (any invocation's seeds and
+        cells): each cell the mean over the seeds it has (its `seeds` says which)."""
+        by_cell: dict[tuple, list[dict]] = {}
+        for (method, clients, eps, _), row in sorted(done.items(), key=lambda kv: kv[0][3]):
+            by_cell.setdefault((method, clients, eps), []).append(row)
+        cells = {k: aggregate(v) for k, v in by_cell.items()}
+        here = eps_key(args.epsilon)
+        order = list(TABLE_METHODS) + sorted({m for m, _, _ in cells} - set(TABLE_METHODS))
+        result["table"] = [cells[m, args.clients, here] for m in order if (m, args.clients, here) in cells]
+        result["eps_curve"] = sorted((c for (m, n, _), c in cells.items() if m == "pfdm" and n == args.clients),
+                                     key=lambda c: float(c["epsilon"]))
+        result["scaling"] = sorted((c for (m, _, e), c in cells.items() if m == "pfdm" and e == here),
+                                   key=lambda c: c["clients"])
         atomic_write_json(path, result)
 
     for seed in seeds:
@@ -280,18 +287,18 @@ def main(argv: list[str]) -> None:
             if key not in done:
                 done[key] = run_one(args, method, clients, eps, seed, overrides)
                 result["runs"].append(done[key])
-                if seed == seeds[0]:
+                if all(k[3] >= seed for k in done if k[:3] == key[:3]):  # the grids show a cell's lowest seed
                     copy_grids(done[key], docs / f"{stem}_grids")
                 views()
     views()
     if result["table"]:
         result["table_markdown"] = print_table(result["table"])
-    if result["eps_curve"]:
+    if len(result["eps_curve"]) > 1:
         plot_eps_curve(result["eps_curve"], result["table"], docs / f"{stem}_eps_curve.png")
         for r in result["eps_curve"]:
             print(f"eps={r['epsilon']} t0={r['t0']}: KID minority {cell(r, 'minority_kid')} (private alone "
                   f"{cell(r, 'private_only_minority_kid')}), majority {cell(r, 'majority_kid')}")
-    if result["scaling"]:
+    if len(result["scaling"]) > 1:
         plot_scaling(result["scaling"], docs / f"{stem}_scaling.png")
         for r in result["scaling"]:
             print(f"N={r['clients']}: KID minority pfdm {cell(r, 'minority_kid')}, private alone "
