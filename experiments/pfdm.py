@@ -25,6 +25,9 @@ from experiments.common import BACKENDS, check_configs, parse_set, prog, run
 from fedapp.results import atomic_write_json
 
 TABLE_METHODS = ("centralized-ddpm", "fedavg-ddpm", "local-only", "dpdm", "pfdm")
+# Ablation rows (--methods): pfdm with one of its documented choices switched, each against the pfdm row
+VARIANTS = {"pfdm-algorithm2": {"method": "pfdm", "pfdm.shared": "algorithm2"},
+            "pfdm-private-all": {"method": "pfdm", "pfdm.private-levels": "all"}}
 PAPER = {  # C-MNIST, client 0, FID (majority / minority / mean) and MIA on the global model (%)
     "centralized-ddpm": (1.85, 1.45, 1.66), "fedavg-ddpm": (1.89, 1.51, 1.70),
     "local-only": (2.19, 5.99, 4.09), "pfdm": (1.72, 4.79, 3.26),
@@ -40,11 +43,13 @@ KEEP = KID_KEYS + ("majority_distance", "minority_distance", "mean_distance", "s
         "recon_identified_chance", "private_only_majority_distance", "private_only_minority_distance",
         "private_only_mean_distance", "private_only_sample_accuracy", "reference_accuracy", "per_client",
         "dp_epsilon", "dp_noise_multiplier_max", "t0_kid", "t0_kid_std", "t0_kid_reference", "t0_kid_reference_std",
+        "t0_energy_ratio", "t0_energy_ratio_reference",
         "private_only_per_client")
 
 
 def config(args, method: str, seed: int) -> dict:
-    return {"method": method, "dataset": args.dataset, "partitioner": "minority", "partitioner.per-class": 0,
+    """The run config of a table row: a method, or a VARIANTS row (pfdm with one option switched)."""
+    return {"method": method, **VARIANTS.get(method, {}), "dataset": args.dataset, "partitioner": "minority", "partitioner.per-class": 0,
             "image-size": args.image_size,
             "seed": seed, "out-dir": args.runs, "min-clients": 2, "num-server-rounds": args.rounds,
             "pfdm.local-steps": args.steps, "pfdm.shared-steps": args.steps, "pfdm.samples": args.samples,
@@ -116,12 +121,19 @@ def print_table(rows: list[dict]) -> str:
                      f"{cell(r, 'minority_kid')} | {cell(r, 'sample_accuracy', True)} | {cell(r, 'mia_auc', True)} | "
                      f"{cell(r, 'mia_attack_accuracy', True)} | {cell(r, 'mia_tpr_at_1fpr', True)} | "
                      f"{cell(r, 'shared_memorised_fraction')} | {'/'.join(map(str, p)) if p else ''} |")
-        if r["method"] == "pfdm":
-            lines.append(f"| pfdm: private model alone (N={r['clients']}) | {len(r['seeds'])} | "
+        if r["method"] == "pfdm" or r["method"] in VARIANTS:
+            lines.append(f"| {r['method']}: private model alone (N={r['clients']}) | {len(r['seeds'])} | "
                          f"{cell(r, 'private_only_majority_distance')} | {cell(r, 'private_only_minority_distance')} | "
                          f"{cell(r, 'private_only_mean_distance')} | {cell(r, 'private_only_majority_kid')} | "
                          f"{cell(r, 'private_only_minority_kid')} | {cell(r, 'private_only_sample_accuracy', True)} "
                          "| | | | | |")
+    lines += ["", "| z_w's hand-over at t0 | seeds | t0 | KID | KID, held-out reference | energy ratio | energy ratio, reference |",
+              "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        if r.get("t0_kid") is not None:
+            lines.append(f"| {r['method']} (N={r['clients']}) | {len(r['seeds'])} | {r.get('t0')} | {cell(r, 't0_kid')} | "
+                         f"{cell(r, 't0_kid_reference')} | {cell(r, 't0_energy_ratio')} | "
+                         f"{cell(r, 't0_energy_ratio_reference')} |")
     text = "\n".join(lines)
     print(text)
     return text
@@ -235,7 +247,8 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--dataset", default="colored-digits", help="a dataset with classes (colored-mnist: real digits)")
     ap.add_argument("--image-size", type=int, default=8)
     ap.add_argument("--seeds", default="0", help="comma-separated run seeds: every run once per seed")
-    ap.add_argument("--methods", default=",".join(TABLE_METHODS))
+    ap.add_argument("--methods", default=",".join(TABLE_METHODS),
+                    help=f"table rows: methods, or the ablation rows {', '.join(VARIANTS)}")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="run-config overrides for every run")
     ap.add_argument("--runs", default="runs/pfdm-experiment", help="folder of the runs' own folders")
     ap.add_argument("--out", default="docs", help="folder for pfdm[_<dataset>].json, its grids and plots")
@@ -273,7 +286,7 @@ def main(argv: list[str]) -> None:
             by_cell.setdefault((method, clients, eps), []).append(row)
         cells = {k: aggregate(v) for k, v in by_cell.items()}
         here = eps_key(args.epsilon)
-        order = list(TABLE_METHODS) + sorted({m for m, _, _ in cells} - set(TABLE_METHODS))
+        order = list(TABLE_METHODS) + list(VARIANTS)
         result["table"] = [cells[m, args.clients, here] for m in order if (m, args.clients, here) in cells]
         result["eps_curve"] = sorted((c for (m, n, _), c in cells.items() if m == "pfdm" and n == args.clients),
                                      key=lambda c: float(c["epsilon"]))

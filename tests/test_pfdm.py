@@ -374,6 +374,9 @@ def test_t0_match_scores_an_exact_level_t0_marginal_like_held_out_data_and_a_wro
     ref = exact["t0_kid_reference"]  # (n = 200 is one KID subset: its std is 0, the scale is the reference)
     assert abs(ref) < 0.01 and abs(exact["t0_kid"] - ref) < 0.01  # measured: -0.0014 vs 0.0013
     assert wrong["t0_kid"] > 0.05  # measured: 0.108 for a shift of 0.2 (a tenth of the pixel range)
+    assert abs(exact["t0_energy_ratio"] - 1) < 0.05 and abs(exact["t0_energy_ratio_reference"] - 1) < 0.05
+    loud = t0_match_figures(privatize(data(200), clip, t0, g) * 1.2, real, held_out, a)  # 20% too much amplitude
+    assert abs(loud["t0_energy_ratio"] - 1.44) < 0.1
 
 
 # ---- dpdm: FedAvg over a DDPM trained with DP-SGD (Opacus) ------------------------------------------
