@@ -294,8 +294,8 @@ def main(argv: list[str]) -> None:
                                    key=lambda c: c["clients"])
         atomic_write_json(path, result)
 
-    for seed in seeds:
-        for method, clients, eps in dict.fromkeys(cells):
+    for method, clients, eps in dict.fromkeys(cells):  # cell by cell: an interrupted table has whole cells first
+        for seed in seeds:
             key = (method, clients, eps_key(eps), seed)
             if key not in done:
                 done[key] = run_one(args, method, clients, eps, seed, overrides)
