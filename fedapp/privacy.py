@@ -69,7 +69,10 @@ def accountant_epsilon(t0: int, clip: float, delta: float, accountant: str = "bo
 
     # the Gaussian mechanism on CLIP(x) with L2 sensitivity 2C (replace-one, per data point)
     multiplier = math.sqrt(ldp_sigma2(t0, **schedule)) / (2 * clip)
-    acc = RdpAccountant() if accountant == "rdp" else PLDAccountant()
+    # PLD's grid spans the privacy loss in steps of the discretisation: its default (1e-4) needs a 301 GiB
+    # array at t0 = 1 (epsilon ~ 2e6); a step of a millionth of the closed-form bound keeps ~6 digits
+    interval = max(1e-4, 1e-6 * ldp_epsilon(t0, clip, delta, **schedule))
+    acc = RdpAccountant() if accountant == "rdp" else PLDAccountant(value_discretization_interval=interval)
     acc.compose(dp_event.GaussianDpEvent(multiplier))
     return float(acc.get_epsilon(delta))
 

@@ -99,6 +99,17 @@ def test_tight_accountants_beside_the_papers_bound():
     assert rec["epsilon_by_accountant"]["bound"] > 10.0  # what the paper's bound says of the same release
 
 
+def test_the_privacy_record_of_the_lowest_level_is_computed_not_a_memory_error():
+    """t0 = 1 (the ε curve's "inf" point): PLD's default grid would need 301 GiB; with the grid step scaled
+    to the bound every accountant answers: PLD just below the bound (measured 2.0083e6 vs 2.0094e6)."""
+    from fedapp.privacy import privacy_record
+
+    by = privacy_record(1, 10.0, 1e-5)["epsilon_by_accountant"]
+    assert by["bound"] == pytest.approx(2.0094e6, rel=1e-3)
+    assert by["pld"] <= by["bound"] and by["pld"] == pytest.approx(by["bound"], rel=0.01)
+    assert by["rdp"] == pytest.approx(2.1999e6, rel=1e-3)  # RDP's conversion is looser than the bound here
+
+
 def test_private_training_set_and_upload_order():
     from clients.pfdm import make_upload, private_training_set, split_steps
 
