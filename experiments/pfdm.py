@@ -79,11 +79,13 @@ def aggregate(rows: list[dict]) -> dict:
     cell = {k: v for k, v in first.items() if not isinstance(v, (int, float)) or isinstance(v, bool)}
     cell.update(clients=first["clients"], epsilon=first["epsilon"], t0=first.get("t0"), seeds=[r["seed"] for r in rows],
                 wall_seconds=round(sum(r["wall_seconds"] for r in rows), 1), run_dirs=[r["run_dir"] for r in rows])
-    for k, v in first.items():
-        if k in KEEP and isinstance(v, (int, float)) and not isinstance(v, bool):
-            vals = [r[k] for r in rows if isinstance(r.get(k), (int, float))]
+    for k in dict.fromkeys(k for r in rows for k in r):  # every run's keys: a figure added later has fewer runs
+        vals = [r[k] for r in rows if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)]
+        if k in KEEP and vals:
             cell[k] = statistics.fmean(vals)
             cell[k + "_seed_std"] = statistics.pstdev(vals)
+            if len(vals) < len(rows):
+                cell[k + "_runs"] = len(vals)  # measured on that many of the cell's runs
     return cell
 
 

@@ -112,3 +112,5 @@ def test_pfdm_cells_average_their_seeds_and_keep_what_is_not_a_number():
     assert abs(cell["minority_kid"] - 0.2) < 1e-12 and abs(cell["minority_kid_seed_std"] - 0.1) < 1e-12
     assert cell["mia_auc"] is None and cell["privacy"] == {"t0": 693} and cell["wall_seconds"] == 120.0
     assert cell["run_dirs"] == ["r0", "r1"]
+    later = aggregate([runs[0], {**runs[1], "t0_energy_ratio": 1.5}])  # a figure only the second run has
+    assert later["t0_energy_ratio"] == 1.5 and later["t0_energy_ratio_runs"] == 1 and "minority_kid_runs" not in later
