@@ -148,6 +148,12 @@ def spread(r: dict, key: str) -> float:
     return r.get(key + "_std", 0.0)
 
 
+def seeds_per_point(cells: list[dict]) -> str:
+    """"3 seeds" or "1-3 seeds per point": what a plot's error bars stand on."""
+    counts = sorted({len(c.get("seeds", [0])) for c in cells})
+    return f"{counts[0]} seed{'s' * (counts[0] > 1)}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]} seeds per point"
+
+
 def plot_scaling(scaling: list[dict], path: Path) -> None:
     """Client 0's minority KID and Frechet distance of PFDM and of its private model alone
     (non-collaborative) against the number of clients (total data fixed)."""
@@ -168,8 +174,8 @@ def plot_scaling(scaling: list[dict], path: Path) -> None:
         ax.set_xscale("log", base=2); ax.set_xticks(n, [str(c) for c in n])
         ax.set_xlabel("clients (total data fixed)"); ax.set_ylabel(f"client 0 minority {name}")
         ax.legend(fontsize=7)
-    seeds = len(scaling[0].get("seeds", [0]))
-    fig.suptitle(f"minority classes of client 0 (reference-classifier features; {seeds} seed(s))", fontsize=9)
+    fig.suptitle(f"minority classes of client 0 (reference-classifier features; {seeds_per_point(scaling)})",
+                 fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
     fig.savefig(path, dpi=110)
 
@@ -226,9 +232,8 @@ def plot_eps_curve(curve: list[dict], table: list[dict], path: Path) -> None:
         ax.set_xlabel("ε (LDP of an upload)"); ax.set_ylabel(f"client 0 {group} KID")
         ax.set_title(f"{group} classes", fontsize=9)
     axes[0].legend(fontsize=7)
-    seeds = len(curve[0].get("seeds", [0]))
-    fig.suptitle(f"PFDM against ε ({seeds} seed(s); error bars: std over seeds, or KID's over subsets for one)",
-                 fontsize=9)
+    fig.suptitle(f"PFDM against ε ({seeds_per_point(curve)}; error bars: std over seeds, or KID's over subsets "
+                 "for one)", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     fig.savefig(path, dpi=110)
 
