@@ -26,7 +26,7 @@ sys.path.insert(0, str(ROOT))
 
 from fedapp.models.compose import build_velocity  # noqa: E402
 from fedapp.models.ddpm import build_ddpm  # noqa: E402
-from fedapp.models.flow import sample_path, target_velocity  # noqa: E402
+from fedapp.models.flow import fm_loss  # noqa: E402
 from fedapp.models.prior.tiny import random_tiny_prior  # noqa: E402
 
 
@@ -48,9 +48,8 @@ def velocity_step(size: int):
     x1, y = torch.randn(32, 3, size, size), torch.stack([torch.randint(0, 10, (32,)), torch.randint(0, 6, (32,))], 1)
 
     def step():
-        x0, t = torch.randn_like(x1), torch.rand(len(x1))
         opt.zero_grad()
-        ((net(sample_path(x0, x1, t), t, y) - target_velocity(x0, x1)) ** 2).mean().backward()
+        fm_loss(net, x1, y).backward()
         opt.step()
     return step
 

@@ -20,13 +20,10 @@ from fedapp.protocols import ARRAYS_KEY
 from fedapp.protocols import pfdm as P
 
 
-def train_local_ddpm(x, y, o, image_size: int, num_classes: int, seed: int, device: str = "cpu",
-                     steps: int | None = None, init: dict | None = None):
+def train_local_ddpm(x, y, o, image_size: int, num_classes: int, seed: int, device: str = "cpu"):
     torch.manual_seed(seed)
     model = build_ddpm(image_size, num_classes, flag=False, channels=o.channels)
-    if init is not None:
-        model.load_state_dict(init)
-    loss = train_ddpm(model, x, y, steps=steps or o.local_steps, batch=o.batch, lr=o.lr, seed=seed, device=device)
+    loss = train_ddpm(model, x, y, steps=o.local_steps, batch=o.batch, lr=o.lr, seed=seed, device=device)
     return model.cpu(), loss
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import logging
 from contextlib import contextmanager
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 
 def prog(name: str) -> str:
@@ -75,3 +75,20 @@ def run(flat: dict[str, Any], num_clients: int, backend: str, reply_cache: Any =
 def kid_cell(row: dict[str, Any], key: str) -> str:
     """A table cell "KID ± std over subsets" (fedapp.metrics.kernel_distance); n/a for rows measured before KID."""
     return f"{row[key]:.3f}±{row[key + '_std']:.3f}" if key in row else "n/a"
+
+
+def over_seeds(rows: list[dict[str, Any]], keys: Iterable[str]) -> dict[str, float]:
+    """The runs of one table cell (one per seed): for each key, the mean over the runs that report it as a
+    number, `<key>_seed_std` its std (ddof 0; not `_std`, which a KID already uses for its subsets), and
+    `<key>_runs` where fewer runs than the cell's have it (a figure added after some were measured)."""
+    import statistics
+
+    out: dict[str, float] = {}
+    for k in keys:
+        vals = [r[k] for r in rows if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)]
+        if vals:
+            out[k] = statistics.fmean(vals)
+            out[k + "_seed_std"] = statistics.pstdev(vals)
+            if len(vals) < len(rows):
+                out[k + "_runs"] = len(vals)
+    return out

@@ -18,7 +18,7 @@ import shutil
 import time
 from pathlib import Path
 
-from experiments.common import BACKENDS, check_configs, kid_cell, parse_set, prog, run
+from experiments.common import BACKENDS, check_configs, kid_cell, over_seeds, parse_set, prog, run
 from fedapp.results import atomic_write_json
 
 ROWS = [("fedflow", {}), ("ddm", {}), ("local-only-flow", {}),
@@ -96,21 +96,14 @@ MEAN_KEYS = ("seen_distance", "novel_distance", "seen_kid", "novel_kid", "seen_c
 
 
 def summarise(rows: list[dict]) -> list[dict]:
-    """Per (method, split): mean and std (over seeds, ddof 0) of MEAN_KEYS, and the seeds they cover."""
-    import numpy as np
-
+    """Per (method, split): the mean and std over seeds of MEAN_KEYS (common.over_seeds), and the seeds."""
     out = []
     for name, _ in ROWS:
         for split in SPLITS:
             mine = [r for r in rows if r["method"] == name and r["split"] == split]
             if mine:
-                cell = {"method": name, "split": split, "seeds": sorted(r.get("seed", 0) for r in mine)}
-                for k in MEAN_KEYS:
-                    vals = [r[k] for r in mine if r.get(k) is not None]
-                    if vals:
-                        cell[k] = float(np.mean(vals))
-                        cell[k + "_std"] = float(np.std(vals))
-                out.append(cell)
+                out.append({"method": name, "split": split, "seeds": sorted(r.get("seed", 0) for r in mine),
+                            **over_seeds(mine, MEAN_KEYS)})
     return out
 
 

@@ -17,11 +17,10 @@ from __future__ import annotations
 import argparse
 import json
 import shutil
-import statistics
 import time
 from pathlib import Path
 
-from experiments.common import BACKENDS, check_configs, parse_set, prog, run
+from experiments.common import BACKENDS, check_configs, over_seeds, parse_set, prog, run
 from fedapp.results import atomic_write_json
 
 TABLE_METHODS = ("centralized-ddpm", "fedavg-ddpm", "local-only", "dpdm", "pfdm")
@@ -79,13 +78,7 @@ def aggregate(rows: list[dict]) -> dict:
     cell = {k: v for k, v in first.items() if not isinstance(v, (int, float)) or isinstance(v, bool)}
     cell.update(clients=first["clients"], epsilon=first["epsilon"], t0=first.get("t0"), seeds=[r["seed"] for r in rows],
                 wall_seconds=round(sum(r["wall_seconds"] for r in rows), 1), run_dirs=[r["run_dir"] for r in rows])
-    for k in dict.fromkeys(k for r in rows for k in r):  # every run's keys: a figure added later has fewer runs
-        vals = [r[k] for r in rows if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)]
-        if k in KEEP and vals:
-            cell[k] = statistics.fmean(vals)
-            cell[k + "_seed_std"] = statistics.pstdev(vals)
-            if len(vals) < len(rows):
-                cell[k + "_runs"] = len(vals)  # measured on that many of the cell's runs
+    cell.update(over_seeds(rows, [k for k in dict.fromkeys(k for r in rows for k in r) if k in KEEP]))
     return cell
 
 

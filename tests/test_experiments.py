@@ -72,8 +72,8 @@ def test_dcfm_table_summarises_each_method_and_split_over_its_seeds():
     assert set(cells) == {("dcfm-a", "iid"), ("ddm", "iid")}
     a = cells["dcfm-a", "iid"]
     assert a["seeds"] == [0, 1, 2] and a["novel_distance"] == 4.0
-    assert abs(a["novel_distance_std"] - (8 / 3) ** 0.5) < 1e-12 and a["seen_distance_std"] == 0.0
-    assert cells["ddm", "iid"]["novel_distance_std"] == 0.0 and "seen_distance" not in cells["ddm", "iid"]
+    assert abs(a["novel_distance_seed_std"] - (8 / 3) ** 0.5) < 1e-12 and a["seen_distance_seed_std"] == 0.0
+    assert cells["ddm", "iid"]["novel_distance_seed_std"] == 0.0 and "seen_distance" not in cells["ddm", "iid"]
 
 
 def test_pfdm_eps_curve_points_map_to_the_run_config_and_inf_is_the_lowest_level():
