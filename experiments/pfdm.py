@@ -284,13 +284,13 @@ def main(argv: list[str]) -> None:
         by_cell: dict[tuple, list[dict]] = {}
         for (method, clients, eps, _), row in sorted(done.items(), key=lambda kv: kv[0][3]):
             by_cell.setdefault((method, clients, eps), []).append(row)
-        cells = {k: aggregate(v) for k, v in by_cell.items()}
+        means = {k: aggregate(v) for k, v in by_cell.items()}
         here = eps_key(args.epsilon)
         order = list(TABLE_METHODS) + list(VARIANTS)
-        result["table"] = [cells[m, args.clients, here] for m in order if (m, args.clients, here) in cells]
-        result["eps_curve"] = sorted((c for (m, n, _), c in cells.items() if m == "pfdm" and n == args.clients),
+        result["table"] = [means[m, args.clients, here] for m in order if (m, args.clients, here) in means]
+        result["eps_curve"] = sorted((c for (m, n, _), c in means.items() if m == "pfdm" and n == args.clients),
                                      key=lambda c: float(c["epsilon"]))
-        result["scaling"] = sorted((c for (m, _, e), c in cells.items() if m == "pfdm" and e == here),
+        result["scaling"] = sorted((c for (m, _, e), c in means.items() if m == "pfdm" and e == here),
                                    key=lambda c: c["clients"])
         atomic_write_json(path, result)
 
