@@ -1,9 +1,14 @@
-"""What several experiments share: log levels, `--set key=value` overrides, the argparse prog name."""
+"""What several experiments share: log levels, `--set key=value` overrides, the argparse prog name, the
+CPU budget of --jobs/--threads, and what every table reports beside its means: a convergence verdict per
+cell (classification_verdict, generative_verdict, all_converged) and same-seed differences against the
+paper's main baseline (paired_difference, paired_text)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
+import statistics
 from contextlib import contextmanager
 from typing import Any, Iterable, Iterator
 
@@ -81,8 +86,6 @@ def over_seeds(rows: list[dict[str, Any]], keys: Iterable[str]) -> dict[str, flo
     """The runs of one table cell (one per seed): for each key, the mean over the runs that report it as a
     number, `<key>_seed_std` its std (ddof 0; not `_std`, which a KID already uses for its subsets), and
     `<key>_runs` where fewer runs than the cell's have it (a figure added after some were measured)."""
-    import statistics
-
     out: dict[str, float] = {}
     for k in keys:
         vals = [r[k] for r in rows if isinstance(r.get(k), (int, float)) and not isinstance(r.get(k), bool)]
@@ -92,3 +95,99 @@ def over_seeds(rows: list[dict[str, Any]], keys: Iterable[str]) -> dict[str, flo
             if len(vals) < len(rows):
                 out[k + "_runs"] = len(vals)
     return out
+
+
+# ---- CPU budget ------------------------------------------------------------------------------------------
+def available_cpus() -> int:
+    """The cores this process may run on (its affinity mask where the OS has one, else os.cpu_count())."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS, Windows
+        return os.cpu_count() or 1
+
+
+def check_cpu_budget(jobs: int, threads: int, cpus: int | None = None) -> None:
+    """Stop with one line when `jobs` processes of `threads` torch threads each would oversubscribe the
+    cores (threads 0: torch's default, every core): oversubscribed torch threads slow every process down."""
+    cpus = cpus or available_cpus()
+    per_job = threads or cpus
+    if jobs * per_job > cpus:
+        shown = threads if threads else f"0 (torch's default: {cpus})"
+        raise SystemExit(f"error: --jobs {jobs} x --threads {shown} = {jobs * per_job} threads > {cpus} CPU cores: "
+                         "lower --jobs or --threads")
+
+
+# ---- convergence verdicts --------------------------------------------------------------------------------
+WINDOW, LAG, TOLERANCE_POINTS = 5, 10, 1.0  # classification: last-5-round mean, 10 rounds apart, < 1 point
+GENERATIVE_THRESHOLD = 0.90  # generative: the oracle's samples read as the requested class
+
+
+def classification_verdict(curve: list[float]) -> dict[str, Any]:
+    """A classification cell's verdict from one accuracy-per-round curve (rounds 1..R): converged when the
+    last-5-round mean at round R, mean(curve[R-5:R]), and at round R-10, mean(curve[R-15:R-10]), differ by
+    less than 1 point (|delta| < 1 on a curve in %, < 0.01 on a curve in [0, 1]: a curve whose values all lie
+    in [0, 1] is read as fractions). A curve of fewer than 15 rounds is not converged ("too short")."""
+    if len(curve) < WINDOW + LAG:
+        return {"converged": False, "reason": "too short", "rounds": len(curve)}
+    scale = 100.0 if all(0.0 <= v <= 1.0 for v in curve) else 1.0  # delta in points either way
+    delta = scale * (statistics.fmean(curve[-WINDOW:]) - statistics.fmean(curve[-(WINDOW + LAG):-LAG]))
+    converged = abs(delta) < TOLERANCE_POINTS
+    return {"converged": converged, "delta_points": round(delta, 4), "rounds": len(curve),
+            "reason": f"last-{WINDOW} mean moved {delta:+.2f} points over the last {LAG} rounds "
+                      f"({'<' if converged else '>='} {TOLERANCE_POINTS:g})"}
+
+
+def generative_verdict(oracle_sample_accuracy: float | None) -> dict[str, Any]:
+    """A generative cell's verdict: converged when its oracle's samples (a fraction in [0, 1]) are read as
+    the requested class at least 90% of the time: an oracle below that has not learnt the data, and the
+    rows it bounds measure an unfinished training budget. Which oracle is the table's (experiments/pfdm.py:
+    centralized-ddpm's sample_accuracy; experiments/dcfm.py: FedFlow's seen-pair composition accuracy)."""
+    if oracle_sample_accuracy is None:
+        return {"converged": False, "reason": "no oracle run"}
+    acc = float(oracle_sample_accuracy)
+    converged = acc >= GENERATIVE_THRESHOLD - 1e-12  # 0.9 itself passes, whatever its last bit
+    return {"converged": converged, "oracle_sample_accuracy": acc,
+            "reason": f"oracle samples read as the requested class {100 * acc:.1f}% "
+                      f"({'>=' if converged else '<'} {100 * GENERATIVE_THRESHOLD:g}%)"}
+
+
+def all_converged(verdicts: list[dict[str, Any]]) -> dict[str, Any]:
+    """A cell of several seeds: converged only if every seed's verdict is (none: not converged); the
+    reason is the first failing seed's."""
+    failing = [v for v in verdicts if not v["converged"]]
+    if not verdicts:
+        return {"converged": False, "reason": "no runs", "seeds": 0, "converged_seeds": 0}
+    reason = failing[0]["reason"] if failing else verdicts[0]["reason"]
+    return {"converged": not failing, "reason": reason, "seeds": len(verdicts),
+            "converged_seeds": len(verdicts) - len(failing)}
+
+
+def verdict_mark(verdict: dict[str, Any] | None) -> str:
+    """What a table prints beside a cell: "" when converged, else "not converged"."""
+    return "" if verdict and verdict["converged"] else "not converged"
+
+
+# ---- paired seeds ----------------------------------------------------------------------------------------
+def paired_difference(a: dict[Any, float | None], b: dict[Any, float | None],
+                      higher_is_better: bool) -> dict[str, Any]:
+    """a - b over the seeds both have a number for (keys compared as strings: json keeps seeds as "0"):
+    the mean and std (ddof 0, as over_seeds) of the per-seed differences, n, and "favour": how many seeds
+    favour a (a > b when higher is better, a < b when lower is; a tie favours neither)."""
+    a_, b_ = ({str(k): v for k, v in d.items() if isinstance(v, (int, float))} for d in (a, b))
+    diffs = [a_[k] - b_[k] for k in sorted(a_.keys() & b_.keys())]
+    if not diffs:
+        return {"mean": None, "std": None, "n": 0, "favour": 0}
+    favour = sum(d > 0 if higher_is_better else d < 0 for d in diffs)
+    return {"mean": statistics.fmean(diffs), "std": statistics.pstdev(diffs), "n": len(diffs), "favour": favour}
+
+
+def paired_text(p: dict[str, Any] | None, digits: int = 1) -> str:
+    """"+1.2 ± 0.8 (3/3)": mean ± std of the differences, (seeds favouring the method / seeds paired)."""
+    if not p or not p["n"]:
+        return "n/a"
+    return f"{p['mean']:+.{digits}f} ± {p['std']:.{digits}f} ({p['favour']}/{p['n']})"
+
+
+def count_text(value: float | None) -> str:
+    """A steps / images-seen cell: a whole number with thousands separators."""
+    return "n/a" if value is None else f"{round(value):,}"

@@ -8,6 +8,15 @@ Writes <out>/dcfm[_<dataset>].json (one row per run, written after each run so a
 the mean +- std over seeds per method and split) and <out>/dcfm[_<dataset>]_grid.png (DCFM-B, non-IID, first
 seed: digit x colour, novel cells framed in white). The distances are on
 SmallCNN features (digit + colour reference classifiers trained on the server's real data), NOT Inception.
+
+Beside the figures (experiments.common): per split a convergence verdict, converged when every seed's
+FedFlow (one velocity net on every client's pairs: the table's oracle-like reference) has a seen-pair
+composition accuracy >= 90% (its samples of the pairs it trained on read as the requested digit and
+colour); every row of the split prints it. Paired seeds: DCFM-A and DCFM-B against FedFlow and against
+DDM, per split, on novel Frechet distance (lower is better) and novel composition accuracy (higher is).
+Compute per row (flow_compute): optimiser steps of every net its samples need and images seen = steps x
+batch-size. Runs go through fedapp.simulation.simulate_in_process (default; --backend ray: fedapp.simulate)
+with --threads torch threads (default: the cores available).
 """
 
 from __future__ import annotations
@@ -18,7 +27,9 @@ import shutil
 import time
 from pathlib import Path
 
-from experiments.common import BACKENDS, check_configs, kid_cell, over_seeds, parse_set, prog, run
+from experiments.common import (BACKENDS, all_converged, available_cpus, check_configs, check_cpu_budget,
+                                count_text, generative_verdict, kid_cell, over_seeds, paired_difference, paired_text,
+                                parse_set, prog, run, verdict_mark)
 from fedapp.results import atomic_write_json
 
 ROWS = [("fedflow", {}), ("ddm", {}), ("local-only-flow", {}),
@@ -52,7 +63,8 @@ def run_one(name: str, extra: dict, split: str, clients: int, settings: dict, ou
             "seen_composition_accuracy", "novel_composition_accuracy",
             "seen_digit_accuracy", "novel_digit_accuracy", "seen_color_accuracy", "novel_color_accuracy",
             "model_transfers_per_client")
-    return {"method": name, "split": split, "seed": seed, **{k: m[k] for k in keys},
+    readers = {k: m[k] for k in ("reader_accuracy", "reader_unreliable") if k in m}  # fedapp.readers
+    return {"method": name, "split": split, "seed": seed, **{k: m[k] for k in keys}, **readers,
             "seconds": round(time.time() - t0, 1),
             "run_dir": s["run_dir"], "model_transfers_recounted": transfers_from_run(s["run_dir"])}
 
@@ -79,15 +91,67 @@ def transfers_from_run(run_dir: str) -> float:
     return round(sum(vals) / len(vals), 3)
 
 
-def table(rows: list[dict]) -> str:
+def flow_compute(name: str, settings: dict, clients: int) -> dict[str, int]:
+    """A row's optimiser steps, summed over the nets its samples need, and images seen = steps x batch-size
+    (every trainer draws batch-size a step; the router's and the student's are generated, not real):
+    fedflow clients x num-server-rounds x dcfm.fl-local-steps; local-only-flow clients x dcfm.local-steps
+    (Stage I); ddm Stage I + dcfm.router-steps; DCFM-A Stage I + clients x dcfm.rounds x dcfm.peer-steps;
+    DCFM-B Stage I + dcfm.distill-steps. Not counted: the reference classifiers (evaluation only)."""
+    from fedapp.config import parse_run_config
+
+    cfg = parse_run_config(config(name, dict(ROWS)[name], SPLITS[0], clients, settings, "runs"))
+    o = cfg.options
+    stage_one = clients * o.local_steps
+    steps = {"fedflow": clients * cfg.num_server_rounds * o.fl_local_steps, "local-only-flow": stage_one,
+             "ddm": stage_one + o.router_steps, "dcfm-a": stage_one + clients * o.rounds * o.peer_steps,
+             "dcfm-b": stage_one + o.distill_steps}[name]
+    return {"steps": steps, "images_seen": steps * cfg.batch_size}
+
+
+def split_verdicts(rows: list[dict]) -> dict[str, dict]:
+    """Per split: converged when every seed's FedFlow reads >= 90% of its seen-pair samples as the
+    requested (digit, colour) pair (experiments.common.generative_verdict)."""
+    return {split: all_converged([generative_verdict(r.get("seen_composition_accuracy")) for r in rows
+                                  if r["method"] == "fedflow" and r["split"] == split]) for split in SPLITS}
+
+
+PAIRED = (("novel_distance", False), ("novel_composition_accuracy", True))  # (figure, higher is better)
+
+
+def paired_rows(rows: list[dict]) -> list[dict]:
+    """DCFM-A and DCFM-B against FedFlow and DDM, per split, same seeds (experiments.common.paired_difference)."""
+    def per_seed(method: str, split: str, key: str) -> dict:
+        return {r.get("seed", 0): r.get(key) for r in rows if r["method"] == method and r["split"] == split}
+
+    return [{"method": m, "against": ref, "split": split,
+             **{k: paired_difference(per_seed(m, split, k), per_seed(ref, split, k), higher) for k, higher in PAIRED}}
+            for split in SPLITS for m in ("dcfm-a", "dcfm-b") for ref in ("fedflow", "ddm")
+            if per_seed(m, split, PAIRED[0][0]) and per_seed(ref, split, PAIRED[0][0])]
+
+
+def table(rows: list[dict], compute: dict[str, dict] | None = None, verdicts: dict[str, dict] | None = None) -> str:
+    """One line per run with its row's steps and images seen (flow_compute) and its split's verdict."""
+    compute, verdicts = compute or {}, verdicts or split_verdicts(rows)
     head = (f"{'method':<16}{'split':<9}{'seed':>5}{'FD seen':>9}{'FD novel':>10}{'KID seen':>16}{'KID novel':>16}"
-            f"{'acc seen':>10}{'acc novel':>10}{'transfers':>11}")
+            f"{'acc seen':>10}{'acc novel':>10}{'transfers':>11}{'steps':>9}{'images seen':>13}  verdict")
     lines = [head, "-" * len(head)]
     for r in rows:
+        c = compute.get(r["method"], {})
         lines.append(f"{r['method']:<16}{r['split']:<9}{r.get('seed', 0):>5}{r['seen_distance']:>9.2f}{r['novel_distance']:>10.2f}"
                      f"{kid_cell(r, 'seen_kid'):>16}{kid_cell(r, 'novel_kid'):>16}"
                      f"{r['seen_composition_accuracy']:>10.3f}{r['novel_composition_accuracy']:>10.3f}"
-                     f"{r['model_transfers_per_client']:>11.2f}")
+                     f"{r['model_transfers_per_client']:>11.2f}{count_text(c.get('steps')):>9}"
+                     f"{count_text(c.get('images_seen')):>13}  {verdict_mark(verdicts.get(r['split'])) or 'converged'}")
+    return "\n".join(lines)
+
+
+def paired_table(paired: list[dict]) -> str:
+    """"+1.2 ± 0.8 (3/3)" per comparison: row - reference, (seeds favouring the row / seeds paired)."""
+    head = f"{'same seeds: row - reference':<30}{'split':<9}{'FD novel':>22}{'acc novel':>22}"
+    lines = [head, "-" * len(head)]
+    for q in paired:
+        lines.append(f"{q['method'] + ' - ' + q['against']:<30}{q['split']:<9}"
+                     f"{paired_text(q['novel_distance'], 2):>22}{paired_text(q['novel_composition_accuracy'], 3):>22}")
     return "\n".join(lines)
 
 
@@ -95,19 +159,28 @@ MEAN_KEYS = ("seen_distance", "novel_distance", "seen_kid", "novel_kid", "seen_c
              "novel_composition_accuracy", "novel_digit_accuracy", "novel_color_accuracy", "model_transfers_recounted")
 
 
-def summarise(rows: list[dict]) -> list[dict]:
-    """Per (method, split): the mean and std over seeds of MEAN_KEYS (common.over_seeds), and the seeds."""
-    out = []
+def summarise(rows: list[dict], compute: dict[str, dict] | None = None) -> list[dict]:
+    """Per (method, split): the mean and std over seeds of MEAN_KEYS (common.over_seeds), the seeds, the
+    split's verdict and the row's compute (flow_compute, when given)."""
+    out, verdicts = [], split_verdicts(rows)
     for name, _ in ROWS:
         for split in SPLITS:
             mine = [r for r in rows if r["method"] == name and r["split"] == split]
             if mine:
                 out.append({"method": name, "split": split, "seeds": sorted(r.get("seed", 0) for r in mine),
-                            **over_seeds(mine, MEAN_KEYS)})
+                            **over_seeds(mine, MEAN_KEYS), "verdict": verdicts[split], **(compute or {}).get(name, {})})
     return out
 
 
-def main(argv: list[str]) -> None:
+def write_views(path: Path, done: dict, compute: dict[str, dict]) -> None:
+    """The json after every run: the runs, their means over seeds, the verdicts and the paired differences."""
+    done.update(mean_over_seeds=summarise(done["rows"], compute), verdicts=split_verdicts(done["rows"]),
+                paired=paired_rows(done["rows"]), compute=compute)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, done)
+
+
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog("dcfm"), description=__doc__.split("\n")[0])
     p.add_argument("--clients", type=int, default=5)
     p.add_argument("--seeds", default="0", help="comma-separated run seeds; each (method, split) runs once per seed")
@@ -118,12 +191,19 @@ def main(argv: list[str]) -> None:
                    help="run-config overrides on top of the table's settings (e.g. dcfm.local-steps=200)")
     p.add_argument("--out", default="docs", help="folder for dcfm[_<dataset>].json and its grid")
     p.add_argument("--runs", default="runs/dcfm-table", help="folder of the runs' own folders")
-    p.add_argument("--backend", choices=BACKENDS, default="ray",
-                   help="ray: fedapp.simulate; inprocess: fedapp.simulation.simulate_in_process (no Ray start-up)")
-    a = p.parse_args(argv)
-    import os
+    p.add_argument("--backend", choices=BACKENDS, default="inprocess",
+                   help="inprocess: fedapp.simulation.simulate_in_process (no Ray start-up); ray: fedapp.simulate")
+    p.add_argument("--threads", type=int, default=available_cpus(),
+                   help="torch threads of this process (clients and server phases alike; default: the cores available)")
+    return p
 
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+def main(argv: list[str]) -> None:
+    a = parser().parse_args(argv)
+    check_cpu_budget(1, a.threads)
+    import torch
+
+    torch.set_num_threads(a.threads)
     settings = {**(QUICK if a.quick else SETTINGS), "dataset": a.dataset}
     if a.image_size:
         settings["image-size"] = a.image_size
@@ -136,21 +216,21 @@ def main(argv: list[str]) -> None:
     if done.get("settings") != settings or done.get("clients") != a.clients:
         done = {"settings": settings, "clients": a.clients, "rows": []}
     have = {(r["method"], r["split"], r.get("seed", 0)) for r in done["rows"]}
+    compute = {name: flow_compute(name, settings, a.clients) for name, _ in ROWS}
     for seed in seeds:
         for split in SPLITS:
             for name, extra in ROWS:
                 if (name, split, seed) in have:
                     continue
                 done["rows"].append(run_one(name, extra, split, a.clients, settings, a.runs, a.backend, seed))
-                done["mean_over_seeds"] = summarise(done["rows"])
-                out.parent.mkdir(parents=True, exist_ok=True)
-                atomic_write_json(out, done)
-                print(table(done["rows"]), flush=True)
+                write_views(out, done, compute)
+                print(table(done["rows"], compute), flush=True)
     done["paper_noniid_novel_fid"] = PAPER_NONIID_NOVEL_FID
-    done["mean_over_seeds"] = summarise(done["rows"])
-    atomic_write_json(out, done)
+    write_views(out, done, compute)
     grid = sorted((r for r in done["rows"] if r["method"] == "dcfm-b" and r["split"] == "non-iid"),
                   key=lambda r: r.get("seed", 0))
     if grid:
         shutil.copy(Path(grid[0]["run_dir"]) / "images" / "grid.png", out.with_name(f"{stem}_grid.png"))
-    print(table(done["rows"]))
+    print(table(done["rows"], compute))
+    if done["paired"]:
+        print(f"\n{paired_table(done['paired'])}")

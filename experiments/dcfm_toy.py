@@ -29,7 +29,7 @@ from clients.dcfm import train_expert
 from fedapp.models.compose import NULL, composite_field, generate, joint_field, mixture_composite
 from fedapp.models.flow import VelocityNet, sample_path
 from fedapp.protocols.dcfm import DcfmOptions
-from experiments.common import prog
+from experiments.common import check_cpu_budget, prog
 from fedapp.results import atomic_write_json
 
 CENTRE = 2.0  # modes at (±2, ±2)
@@ -247,6 +247,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--out", default="docs", help="folder for dcfm_toy.png and dcfm_toy.json")
     p.add_argument("--threads", type=positive, default=1, help="torch threads")
     a = p.parse_args(argv)
+    check_cpu_budget(1, a.threads)
     a.methods = tuple(a.methods.split(","))
     bad = [m for m in a.methods if m not in METHODS]
     if bad:

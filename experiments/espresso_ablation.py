@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.common import check_configs, config_errors_exit, parse_set, prog, quiet_logs
+from experiments.common import check_configs, check_cpu_budget, config_errors_exit, parse_set, prog, quiet_logs
 from fedapp.results import atomic_write_json
 
 ROWS = [  # name, method, switches (conditions, init, sampler); None: the oracle ceiling
@@ -103,19 +103,16 @@ def accuracies(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def fidelity_readers(server, seed: int, epochs: int = 40) -> dict[str, Any]:
-    """Two SmallCNNs trained on the server's real public split: a class reader and a domain reader
-    (which of the four styles an image is in), with their accuracy on the real global test set."""
-    from fedapp.models.classifier import SmallCNN, accuracy, train_classifier
+    """Two readers (fedapp.readers) trained on the server's real public split: a class reader and a domain
+    reader (which of the four styles an image is in), with their accuracy on the real global test set and
+    whether they are good enough to trust (`reader_unreliable`)."""
+    from fedapp.readers import LABEL, reader_metrics, server_reader
 
-    pub, test = server.public, server.test
-    out = {}
-    for name, y, y_test, k in (("class", pub.y, test.y, server.info.num_classes),
-                               ("domain", pub.attrs["domain"], test.attrs["domain"],
-                                len(server.info.attributes["domain"]))):
-        torch.manual_seed(seed)
-        net = train_classifier(SmallCNN(k, in_ch=pub.x.shape[1]), pub.x, y, epochs=epochs, seed=seed)
-        out[name] = net.eval()
-        out[f"{name}_reader_test_accuracy"] = accuracy(net, test.x, y_test)
+    readers = {"class": server_reader(server, seed, LABEL, epochs=epochs),
+               "domain": server_reader(server, seed, "domain", epochs=epochs)}
+    out: dict[str, Any] = {name: r.model for name, r in readers.items()}
+    out.update({f"{name}_reader_test_accuracy": r.held_out_accuracy for name, r in readers.items()})
+    out.update(reader_metrics(readers.values()))
     return out
 
 
@@ -180,7 +177,7 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
         images["real"] = {s.meta["domain"]: (s.train.x, s.train.y) for s in shards}
     out = {"results": results, "seconds": seconds}
     if readers is not None:
-        out["readers"] = {k: v for k, v in readers.items() if k.endswith("test_accuracy")}
+        out["readers"] = {k: v for k, v in readers.items() if not isinstance(v, torch.nn.Module)}
     return out, images
 
 
@@ -327,6 +324,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--reader-epochs", type=int, default=40, help="epochs of the --fidelity readers")
     p.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (use with --threads 1)")
     a = p.parse_args(argv)
+    check_cpu_budget(a.jobs, a.threads)
     overrides = parse_set(a.set)
     with config_errors_exit():  # the ceiling's row reads the run config
         configs = [row_config(n, s, a, overrides) for s in a.seeds for n in a.rows]

@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.common import config_errors_exit, parse_set, prog, quiet_logs
+from experiments.common import check_cpu_budget, config_errors_exit, parse_set, prog, quiet_logs
 from fedapp.config import ConfigError
 
 DEFAULT_SETTINGS = ["100:0.01:32:minibatch", "100:0.05:1", "200:0.05:1", "400:0.05:1"]
@@ -107,6 +107,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--samplers", type=int, default=0, metavar="N",
                    help="also read N class-prompted samples of each sampler in SAMPLERS (0: skip)")
     a = p.parse_args(argv)
+    check_cpu_budget(1, a.threads)
     with config_errors_exit():
         settings = [parse_setting(s) for s in a.settings]
         if not all(0 <= k < a.num_clients for k in a.clients):
@@ -148,5 +149,5 @@ def main(argv: list[str]) -> None:
     (out / "espresso_conditions.json").write_text(json.dumps({
         "setting": {"dataset": cfg.dataset, "prior": cfg.prior, "clients": [sh.meta.get("domain") for sh in shards],
                     "seed": a.seed, "reader_epochs": a.reader_epochs},
-        "readers": {k: v for k, v in readers.items() if k.endswith("test_accuracy")}, "rows": rows,
+        "readers": {k: v for k, v in readers.items() if not isinstance(v, torch.nn.Module)}, "rows": rows,
         "samplers": samplers}, indent=1))

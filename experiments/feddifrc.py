@@ -15,19 +15,31 @@ Context whose state persists across rounds, one client after another); the serve
 `fedapp.server_app.run_server` (strategy, Flower's FedAvg loop and aggregation, validation, metering).
 It saves Ray's start-up (~15 s a run) and lets the diffusion features be shared by the three FedDifRC
 rows of a cell (clients.feddifrc.SHARE_TARGETS: with the shared public basis, targets per image and prompt).
+
+Beside each cell (experiments.common): its convergence verdict (every seed's curve: the last-5-round mean
+at round R against at round R-10, |delta| < 1 point; the cell is converged only if every seed is), the
+same-seed difference against FedAvg ("+1.2 ± 0.8 (3/3)": mean ± std over the seeds both rows have, and how
+many favour the row), and the compute: optimiser steps and images seen, summed over the clients and rounds
+of a run (a train reply = local-epochs passes over the client's n_k images in ceil(n_k / batch-size)
+minibatches; which clients trained how often is read from the run's message counts, n_k from the config's
+partition), mean over seeds. `fraction-evaluate = 0`: the table reads only the server's global test
+accuracy (metrics.jsonl's `accuracy`, strategies.fedavg global_evaluate), so no client evaluates.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from experiments.common import BACKENDS, check_configs, parse_set, prog, quiet_logs, run
+from experiments.common import (BACKENDS, all_converged, check_configs, check_cpu_budget, classification_verdict,
+                                count_text, paired_difference, paired_text, parse_set, prog, quiet_logs, run,
+                                verdict_mark)
 from fedapp.results import atomic_write_json
 
 SPLITS = {
@@ -65,6 +77,8 @@ PAPER = {
     "FedDifRC": {"a0.05": 83.14, "a0.2": 88.27, "a0.5": 89.31, "path": 76.45},
 }
 LAST = 5  # the cell: mean accuracy of the last 5 rounds
+BASELINE = "fedavg"  # the paper's main baseline: every row's same-seed difference is against it
+FRACTION_EVALUATE = 0.0  # only the server's global test accuracy is read: no client evaluates
 
 
 def uses_prior(method: str) -> bool:
@@ -73,7 +87,7 @@ def uses_prior(method: str) -> bool:
 
 def cell_config(a: argparse.Namespace, seed: int, split: str, method: str) -> dict[str, Any]:
     return {"dataset": a.dataset, "num-server-rounds": a.rounds, "local-epochs": a.local_epochs, "lr": a.lr,
-            "fraction-train": a.fraction_train,
+            "fraction-train": a.fraction_train, "fraction-evaluate": FRACTION_EVALUATE,
             "batch-size": a.batch_size, "seed": seed, "prior": a.prior, "min-clients": 2, "partitioner.per-class": 0,
             "device": "cpu", "out-dir": a.runs_dir, "run-name": f"{method}-{split}-s{seed}", **parse_set(a.set),
             **SPLITS[split], **METHODS[method][1]}
@@ -87,24 +101,92 @@ def curve(summary: dict[str, Any]) -> list[float]:
 
 def cell_stats(curves: list[list[float]]) -> tuple[float, float]:
     """(mean, std over seeds) of each seed's mean accuracy over the last LAST rounds, in %."""
-    per_seed = [100 * float(np.mean(c[-LAST:])) for c in curves]
+    per_seed = [last_mean(c) for c in curves]
     return float(np.mean(per_seed)), float(np.std(per_seed))
 
 
+def last_mean(curve: list[float]) -> float:
+    """A seed's figure: its mean accuracy over the last LAST rounds, in %."""
+    return 100 * float(np.mean(curve[-LAST:]))
+
+
+def shard_sizes(flat: dict[str, Any], clients: int) -> list[int]:
+    """n_k: each client's training images under the run config (a shard is a pure function of it)."""
+    from fedapp.config import parse_run_config
+    from fedapp.data import client_shard
+
+    cfg = parse_run_config(flat)
+    return [len(client_shard(cfg, k, clients).train) for k in range(clients)]
+
+
+def run_compute(flat: dict[str, Any], summary: dict[str, Any], sizes: list[int]) -> dict[str, int] | None:
+    """Optimiser steps and images seen by a run, summed over clients: each train reply is local-epochs
+    passes over n_k images in ceil(n_k / batch-size) minibatches (clients.classify.local_train). The replies
+    a client sent are its messages up in the run's comm ledger: train replies only at fraction-evaluate = 0,
+    train plus one evaluate reply a round at 1; None for any other fraction (the split is not recorded)."""
+    from fedapp.config import parse_run_config
+
+    cfg = parse_run_config(flat)
+    if cfg.fraction_evaluate not in (0.0, 1.0):
+        return None
+    evaluated = cfg.num_server_rounds if cfg.fraction_evaluate == 1.0 else 0
+    per = summary["comm"]["per_client"]
+    trained = {k: max(per[str(k)]["messages_up"] - evaluated, 0) for k in range(len(sizes)) if str(k) in per}
+    return {"steps": sum(t * cfg.local_epochs * math.ceil(sizes[k] / cfg.batch_size) for k, t in trained.items()),
+            "images_seen": sum(t * cfg.local_epochs * sizes[k] for k, t in trained.items())}
+
+
+def cell_summary(results: dict[str, Any], split: str, method: str) -> dict[str, Any] | None:
+    """One cell's figures beside its mean: the verdict over its seeds, the same-seed difference of the
+    last-LAST-rounds accuracy against BASELINE (points; None for the baseline itself or without it), and
+    the mean steps / images seen over the seeds that report them (None before they were recorded)."""
+    runs = results.get(split, {}).get(method, {})
+    if not runs:
+        return None
+    base = results.get(split, {}).get(BASELINE, {})
+    paired = None
+    if method != BASELINE and base:
+        paired = paired_difference({k: last_mean(r["curve"]) for k, r in runs.items()},
+                                   {k: last_mean(r["curve"]) for k, r in base.items()}, higher_is_better=True)
+    out = {"verdict": all_converged([classification_verdict(r["curve"]) for r in runs.values()]),
+           f"vs_{BASELINE}": paired}
+    for key in ("steps", "images_seen"):
+        vals = [r[key] for r in runs.values() if r.get(key) is not None]
+        out[key] = float(np.mean(vals)) if vals else None
+    return out
+
+
+def cells(results: dict[str, Any], splits: list[str], methods: list[str]) -> dict[str, dict[str, Any]]:
+    """cell_summary of every measured cell, as the json keeps them: {split: {method: ...}}."""
+    return {s: {m: c for m in methods if (c := cell_summary(results, s, m)) is not None} for s in splits}
+
+
+def accuracy_cell(results: dict[str, Any], split: str, method: str, summary: dict[str, Any] | None) -> str:
+    curves = [v["curve"] for v in results.get(split, {}).get(method, {}).values()]
+    if not curves:
+        return "—"
+    mu, sd = cell_stats(curves)
+    mark = verdict_mark(summary["verdict"])
+    return f"{mu:.2f} ± {sd:.2f} (n={len(curves)})" + (f" {mark}" if mark else "")
+
+
 def table_text(results: dict[str, Any], splits: list[str], methods: list[str]) -> str:
-    head = "| method | " + " | ".join(splits) + " |"
-    lines = [head, "|" + "---|" * (len(splits) + 1)]
+    """The accuracy grid (methods x splits, "not converged" beside such cells), then per cell the
+    same-seed difference against FedAvg and the compute."""
+    summaries = cells(results, splits, methods)
+    lines = ["| method | " + " | ".join(splits) + " |", "|" + "---|" * (len(splits) + 1)]
     for m in methods:
-        name = METHODS[m][0]
-        cells = []
+        row = [accuracy_cell(results, s, m, summaries[s].get(m)) for s in splits]
+        lines.append(f"| {METHODS[m][0]} | " + " | ".join(row) + " |")
+    lines += ["", f"| method | split | vs {METHODS[BASELINE][0]}, same seeds (points) | steps | images seen |",
+              "|---|---|---|---|---|"]
+    for m in methods:
         for s in splits:
-            curves = [v["curve"] for v in results.get(s, {}).get(m, {}).values()]
-            if curves:
-                mu, sd = cell_stats(curves)
-                cells.append(f"{mu:.2f} ± {sd:.2f} (n={len(curves)})")
-            else:
-                cells.append("—")
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+            c = summaries[s].get(m)
+            if c is not None:
+                vs = "—" if m == BASELINE else paired_text(c[f"vs_{BASELINE}"])
+                lines.append(f"| {METHODS[m][0]} | {s} | {vs} | {count_text(c['steps'])} | "
+                             f"{count_text(c['images_seen'])} |")
     return "\n".join(lines)
 
 
@@ -123,13 +205,14 @@ def plot(results: dict[str, Any], splits: list[str], methods: list[str], path: P
             n = min(len(c) for c in curves)
             arr = 100 * np.array([c[:n] for c in curves])
             x = np.arange(1, n + 1)
-            ax.plot(x, arr.mean(0), label=METHODS[m][0])
+            mark = verdict_mark(all_converged([classification_verdict(c) for c in curves]))
+            ax.plot(x, arr.mean(0), label=METHODS[m][0] + (f" ({mark})" if mark else ""))
             ax.fill_between(x, arr.mean(0) - arr.std(0), arr.mean(0) + arr.std(0), alpha=0.15)
         ax.set_title(f"{dataset}, {s}")
         ax.set_xlabel("round")
         ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)  # on every panel: the verdicts are per split
     axes[0][0].set_ylabel("global test accuracy (%)")
-    axes[0][-1].legend(fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)
@@ -160,6 +243,15 @@ def save_shared_targets(path: Path) -> None:
     os.replace(tmp, path)
 
 
+def write_table(path: Path, setup: dict[str, Any], results: dict[str, Any]) -> None:
+    """The json: every run's curve (and verdict, compute), and per cell its verdict, the same-seed difference
+    against FedAvg and the mean compute (cell_summary)."""
+    splits = [s for s in SPLITS if s in results]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(path, {"setup": setup, "paper_cifar10": PAPER, "results": results,
+                             "cells": cells(results, splits, list(METHODS))})
+
+
 def main(argv: list[str]) -> None:
     p = argparse.ArgumentParser(prog=prog("feddifrc"), description=__doc__.split("\n")[0])
     p.add_argument("--seeds", default="0,1,2")
@@ -180,6 +272,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--fresh", action="store_true", help="ignore cells already in <out>/feddifrc.json")
     p.add_argument("--set", nargs="*", default=[], help="run-config overrides, e.g. feddifrc.up-blocks=0,1")
     a = p.parse_args(argv)
+    check_cpu_budget(1, a.threads)
     import torch
 
     import clients.feddifrc as fdr
@@ -201,7 +294,8 @@ def main(argv: list[str]) -> None:
     stem = "feddifrc" if a.dataset == "digits" else f"feddifrc_{a.dataset}"
     json_path, png_path = out / f"{stem}.json", out / f"{stem}_rounds.png"
     setup = {"dataset": a.dataset, "clients": a.clients, "rounds": a.rounds, "local_epochs": a.local_epochs,
-             "lr": a.lr, "batch_size": a.batch_size, "backend": a.backend, "last_rounds": LAST}
+             "lr": a.lr, "batch_size": a.batch_size, "backend": a.backend, "last_rounds": LAST,
+             "fraction_evaluate": FRACTION_EVALUATE}
     if a.fraction_train != 1.0:  # only when not 1, so that tables measured before client sampling still resume
         setup["fraction_train"] = a.fraction_train
     if a.set:  # only when given, so that tables measured before --set existed still resume
@@ -219,9 +313,12 @@ def main(argv: list[str]) -> None:
                 if done is not None and (not uses_prior(m) or done.get("prior") == a.prior):
                     continue  # measured under this setup (and, for FedDifRC rows, with this prior)
                 t0 = time.time()
-                summary = run(cell_config(a, seed, s, m), a.clients, a.backend)
+                flat = cell_config(a, seed, s, m)
+                summary = run(flat, a.clients, a.backend)
                 row = {"curve": curve(summary), "seconds": round(time.time() - t0, 1),
                        "failures": len(summary.get("failures", []))}
+                row["verdict"] = classification_verdict(row["curve"])
+                row.update(run_compute(flat, summary, shard_sizes(flat, a.clients)) or {})
                 if uses_prior(m):
                     row["prior"] = a.prior
                     if fdr.SHARE_TARGETS:
@@ -231,15 +328,17 @@ def main(argv: list[str]) -> None:
                         row[k] = summary["metrics"][k]
                 results.setdefault(s, {}).setdefault(m, {})[str(seed)] = row
                 print(f"[{time.time() - t_all:6.0f}s] seed {seed} {s:5s} {METHODS[m][0]:11s} "
-                      f"last-{LAST} {100 * np.mean(row['curve'][-LAST:]):.2f}%  ({row['seconds']} s)", flush=True)
-                out.mkdir(parents=True, exist_ok=True)
-                atomic_write_json(json_path, {"setup": setup, "paper_cifar10": PAPER, "results": results})
+                      f"last-{LAST} {last_mean(row['curve']):.2f}%  ({row['seconds']} s)", flush=True)
+                write_table(json_path, setup, results)
+    if results:  # a resumed table gets its cells' summaries too
+        write_table(json_path, setup, results)
     all_splits = [s for s in SPLITS if s in results]
     present = [m for m in METHODS if any(m in results[s] for s in all_splits)]
     main_rows = [m for m in present if m in DEFAULT_METHODS]
     print(f"\n{a.dataset}, {a.clients} clients ({a.fraction_train:g} per round), {a.rounds} rounds x "
           f"{a.local_epochs} local epochs; "
-          f"mean of the last {LAST} rounds' global test accuracy (%), mean ± std over seeds\n"
+          f"mean of the last {LAST} rounds' global test accuracy (%), mean ± std over seeds; not converged: "
+          f"a seed's last-{LAST} mean moved >= 1 point over the last 10 rounds (or it has < 15 rounds)\n"
           f"{table_text(results, all_splits, main_rows)}")
     extra = [m for m in present if m not in DEFAULT_METHODS]
     if extra:

@@ -7,9 +7,18 @@ the ε curve and the scaling as means over seeds), the first seed's per-client s
 <out>/pfdm[_<dataset>]_grids/, <out>/..._eps_curve.png (client 0's KID against ε, --eps-curve, with the
 baselines as references) and <out>/..._scaling.png (PFDM and its private model alone as the number of
 clients grows, total data fixed: the pool is split over more clients). Results are written after every
-run; a rerun under the same setup measures only what is missing. Every run is a Ray simulation
-(`fedapp.simulate`; --backend inprocess: fedapp.simulation.simulate_in_process) whose folder goes under
---runs; --out defaults to docs.
+run; a rerun under the same setup measures only what is missing. Every run goes through
+`fedapp.simulation.simulate_in_process` (the default; --backend ray: `fedapp.simulate`, Flower's Ray
+simulation) and its folder goes under --runs; --out defaults to docs.
+
+Compute-matched rows: each row lists its denoiser optimiser steps and images seen (denoiser_compute), and
+the oracle centralized-ddpm trains for the largest total of the other rows (oracle_steps: pfdm's
+clients x pfdm.local-steps + pfdm.shared-steps at the defaults, 2,000 steps, where it trained 400 before),
+set in config() as its pfdm.shared-steps, after any --set. The table's verdict (experiments.common.
+generative_verdict): converged when every seed's centralized-ddpm samples are read as the requested class
+>= 90% (its sample_accuracy); every row prints it. Paired seeds: pfdm (and each ablation row) against
+local-only and against its own run's private model alone (private_only_*), client 0's mean Fréchet
+distance and minority KID, per seed both have.
 """
 
 from __future__ import annotations
@@ -19,8 +28,10 @@ import json
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
-from experiments.common import BACKENDS, check_configs, over_seeds, parse_set, prog, run
+from experiments.common import (BACKENDS, all_converged, check_configs, count_text, generative_verdict, over_seeds,
+                                paired_difference, paired_text, parse_set, prog, run, verdict_mark)
 from fedapp.results import atomic_write_json
 
 TABLE_METHODS = ("centralized-ddpm", "fedavg-ddpm", "local-only", "dpdm", "pfdm")
@@ -40,20 +51,54 @@ KEEP = KID_KEYS + ("majority_distance", "minority_distance", "mean_distance", "s
         "mia_attack_accuracy", "mia_tpr_at_1fpr", "shared_memorised_fraction", "shared_nn_distance",
         "recon_true_distance", "recon_random_distance", "recon_closer_than_random", "recon_identified",
         "recon_identified_chance", "private_only_majority_distance", "private_only_minority_distance",
-        "private_only_mean_distance", "private_only_sample_accuracy", "reference_accuracy", "per_client",
+        "private_only_mean_distance", "private_only_sample_accuracy", "reference_accuracy", "reader_unreliable",
+        "per_client",
         "dp_epsilon", "dp_noise_multiplier_max", "t0_kid", "t0_kid_std", "t0_kid_reference", "t0_kid_reference_std",
         "t0_energy_ratio", "t0_energy_ratio_reference",
         "private_only_per_client")
 
 
-def config(args, method: str, seed: int) -> dict:
-    """The run config of a table row: a method, or a VARIANTS row (pfdm with one option switched)."""
-    return {"method": method, **VARIANTS.get(method, {}), "dataset": args.dataset, "partitioner": "minority", "partitioner.per-class": 0,
-            "image-size": args.image_size,
+ORACLE = "centralized-ddpm"
+FEDERATED = tuple(m for m in TABLE_METHODS if m != ORACLE) + tuple(VARIANTS)  # the rows the oracle must match
+PAIRED_KEYS = ("mean_distance", "minority_kid")  # client 0's figures of the paired differences (lower is better)
+
+
+def config(args, method: str, seed: int, epsilon: float | None = None) -> dict:
+    """The run config of a table row at ε (default --epsilon): a method, or a VARIANTS row (pfdm with one
+    option switched), then --set; the oracle's pfdm.shared-steps is oracle_steps(args), whatever --set says."""
+    flat = {"method": method, **VARIANTS.get(method, {}), "dataset": args.dataset, "partitioner": "minority",
+            "partitioner.per-class": 0, "image-size": args.image_size,
             "seed": seed, "out-dir": args.runs, "min-clients": 2, "num-server-rounds": args.rounds,
             "pfdm.local-steps": args.steps, "pfdm.shared-steps": args.steps, "pfdm.samples": args.samples,
             "pfdm.sample-steps": args.sample_steps, "pfdm.attack-samples": args.attack_samples,
-            "pfdm.channels": args.channels, "pfdm.epsilon": args.epsilon}
+            "pfdm.channels": args.channels, "pfdm.epsilon": args.epsilon,
+            **eps_config(args.epsilon if epsilon is None else epsilon), **parse_set(args.set)}
+    if method == ORACLE:
+        flat["pfdm.shared-steps"] = oracle_steps(args)
+    return flat
+
+
+def denoiser_compute(flat: dict, clients: int) -> dict[str, int]:
+    """A row's denoiser optimiser steps, summed over the models its output needs, and images seen = steps x
+    pfdm.batch (fedapp.models.ddpm.train_ddpm draws pfdm.batch images a step, fewer only from a smaller set;
+    dpdm's Poisson batches have that size in expectation): centralized-ddpm pfdm.shared-steps; fedavg-ddpm
+    and dpdm clients x rounds x ceil(pfdm.local-steps / rounds); local-only clients x pfdm.local-steps;
+    pfdm clients x pfdm.local-steps (private denoisers) + pfdm.shared-steps (z_w). Not counted: what only
+    evaluates (pfdm's private-only reference model, the reference classifier, the attacks)."""
+    from clients.ddpm_baselines import steps_per_round
+    from fedapp.config import parse_run_config
+
+    cfg = parse_run_config(flat)
+    o, rounds = cfg.options, cfg.num_server_rounds
+    steps = {"centralized-ddpm": o.shared_steps, "fedavg-ddpm": clients * rounds * steps_per_round(o, rounds),
+             "local-only": clients * o.local_steps, "pfdm": clients * o.local_steps + o.shared_steps}
+    steps["dpdm"] = steps["fedavg-ddpm"]
+    return {"steps": steps[cfg.method], "images_seen": steps[cfg.method] * o.batch}
+
+
+def oracle_steps(args) -> int:
+    """The oracle's training steps: the largest total of the federated rows at the table's clients."""
+    return max(denoiser_compute(config(args, m, 0), args.clients)["steps"] for m in FEDERATED)
 
 
 def eps_key(epsilon: float):
@@ -61,9 +106,9 @@ def eps_key(epsilon: float):
     return "inf" if epsilon == float("inf") else float(epsilon)
 
 
-def run_one(args, method: str, clients: int, epsilon: float, seed: int, overrides: dict) -> dict:
+def run_one(args, method: str, clients: int, epsilon: float, seed: int) -> dict:
     t = time.time()
-    s = run({**config(args, method, seed), **eps_config(epsilon), **overrides}, clients, args.backend)
+    s = run(config(args, method, seed, epsilon), clients, args.backend)
     row = {k: v for k, v in s["metrics"].items() if k in KEEP}
     row.update({"method": method, "clients": clients, "epsilon": eps_key(epsilon), "seed": seed,
                 "t0": (s.get("privacy") or {}).get("t0"), "wall_seconds": round(time.time() - t, 1),
@@ -79,6 +124,7 @@ def aggregate(rows: list[dict]) -> dict:
     cell.update(clients=first["clients"], epsilon=first["epsilon"], t0=first.get("t0"), seeds=[r["seed"] for r in rows],
                 wall_seconds=round(sum(r["wall_seconds"] for r in rows), 1), run_dirs=[r["run_dir"] for r in rows])
     cell.update(over_seeds(rows, [k for k in dict.fromkeys(k for r in rows for k in r) if k in KEEP]))
+    cell["reader_unreliable"] = any(r.get("reader_unreliable") for r in rows)  # any seed's reader below 97 %
     return cell
 
 
@@ -104,10 +150,26 @@ def cell(r: dict, key: str, pct: bool = False) -> str:
     return text
 
 
-def print_table(rows: list[dict]) -> str:
-    lines = [("| method | seeds | majority | minority | mean | KID majority | KID minority | sample acc % | MIA AUC % | "
-              "MIA acc % | TPR@1%FPR % | memorised | paper FID (maj/min/mean) |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+def reader_lines(rows: list[dict]) -> list[str]:
+    """One line when a row's reference classifier (fedapp.readers) read under 97 % of the held-out digits."""
+    weak = [r["method"] for r in rows if r.get("reader_unreliable")]
+    return [f"reader_unreliable: the reference classifier of {', '.join(weak)} reads < 97 % of held-out real "
+            "images; its distances and sample accuracies are not to be trusted"] if weak else []
+
+
+def verdict_text(verdict: dict[str, Any]) -> str:
+    return verdict_mark(verdict) or "converged"
+
+
+def print_table(rows: list[dict], verdict: dict[str, Any] | None = None, paired: list[dict] | None = None) -> str:
+    """The table (every row with its steps, images seen and the table's verdict), the paired differences,
+    z_w's hand-over figures."""
+    verdict = verdict or all_converged([])
+    lines = [f"verdict: {verdict_text(verdict)} ({ORACLE}, {verdict['converged_seeds']}/{verdict['seeds']} seeds "
+             f"converged; {verdict['reason']})", *reader_lines(rows), "",
+             ("| method | seeds | majority | minority | mean | KID majority | KID minority | sample acc % | MIA AUC % | "
+              "MIA acc % | TPR@1%FPR % | memorised | paper FID (maj/min/mean) | steps | images seen | verdict |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = PAPER.get(r["method"])
         spent = f", DP-SGD ε={r['dp_epsilon']:.2f}" if r.get("dp_epsilon") else ""
@@ -115,13 +177,19 @@ def print_table(rows: list[dict]) -> str:
                      f"{cell(r, 'minority_distance')} | {cell(r, 'mean_distance')} | {cell(r, 'majority_kid')} | "
                      f"{cell(r, 'minority_kid')} | {cell(r, 'sample_accuracy', True)} | {cell(r, 'mia_auc', True)} | "
                      f"{cell(r, 'mia_attack_accuracy', True)} | {cell(r, 'mia_tpr_at_1fpr', True)} | "
-                     f"{cell(r, 'shared_memorised_fraction')} | {'/'.join(map(str, p)) if p else ''} |")
+                     f"{cell(r, 'shared_memorised_fraction')} | {'/'.join(map(str, p)) if p else ''} | "
+                     f"{count_text(r.get('steps'))} | {count_text(r.get('images_seen'))} | {verdict_text(verdict)} |")
         if r["method"] == "pfdm" or r["method"] in VARIANTS:
             lines.append(f"| {r['method']}: private model alone (N={r['clients']}) | {len(r['seeds'])} | "
                          f"{cell(r, 'private_only_majority_distance')} | {cell(r, 'private_only_minority_distance')} | "
                          f"{cell(r, 'private_only_mean_distance')} | {cell(r, 'private_only_majority_kid')} | "
                          f"{cell(r, 'private_only_minority_kid')} | {cell(r, 'private_only_sample_accuracy', True)} "
-                         "| | | | | |")
+                         f"| | | | | | | | {verdict_text(verdict)} |")
+    if paired:
+        lines += ["", "| same seeds: row - reference (lower is better) | " + " | ".join(PAIRED_KEYS) + " |",
+                  "|---|" + "---|" * len(PAIRED_KEYS)]
+        lines += [f"| {q['method']} - {q['against']} | " + " | ".join(paired_text(q[k], 3) for k in PAIRED_KEYS) + " |"
+                  for q in paired]
     lines += ["", "| z_w's hand-over at t0 | seeds | t0 | KID | KID, held-out reference | energy ratio | energy ratio, reference |",
               "|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -141,13 +209,40 @@ def spread(r: dict, key: str) -> float:
     return r.get(key + "_std", 0.0)
 
 
+def table_verdict(runs: list[dict]) -> dict[str, Any]:
+    """The table's verdict: every seed's oracle (centralized-ddpm) samples read as the requested class >= 90%."""
+    return all_converged([generative_verdict(r.get("sample_accuracy")) for r in runs])
+
+
+def paired_rows(by_cell: dict[tuple, list[dict]], clients: int, epsilon) -> list[dict]:
+    """pfdm and each ablation row, same seeds, against local-only and against its own private model alone:
+    PAIRED_KEYS' differences (experiments.common.paired_difference; lower is better)."""
+    def per_seed(method: str, key: str) -> dict:
+        return {r["seed"]: r.get(key) for r in by_cell.get((method, clients, epsilon), [])}
+
+    out = []
+    for m in ("pfdm", *VARIANTS):
+        if (m, clients, epsilon) not in by_cell:
+            continue
+        for against, ref, prefix in (("local-only", "local-only", ""), ("its private model alone", m, "private_only_")):
+            out.append({"method": m, "against": against, **{
+                k: paired_difference(per_seed(m, k), per_seed(ref, prefix + k), higher_is_better=False)
+                for k in PAIRED_KEYS}})
+    return out
+
+
+def title_mark(verdict: dict[str, Any] | None) -> str:
+    """"; not converged" after a plot's title when the table's verdict says so (none given: nothing)."""
+    return f"; {verdict_mark(verdict)}" if verdict is not None and verdict_mark(verdict) else ""
+
+
 def seeds_per_point(cells: list[dict]) -> str:
     """"3 seeds" or "1-3 seeds per point": what a plot's error bars stand on."""
     counts = sorted({len(c.get("seeds", [0])) for c in cells})
     return f"{counts[0]} seed{'s' * (counts[0] > 1)}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]} seeds per point"
 
 
-def plot_scaling(scaling: list[dict], path: Path) -> None:
+def plot_scaling(scaling: list[dict], path: Path, verdict: dict[str, Any] | None = None) -> None:
     """Client 0's minority KID and Frechet distance of PFDM and of its private model alone
     (non-collaborative) against the number of clients (total data fixed)."""
     import matplotlib
@@ -167,8 +262,8 @@ def plot_scaling(scaling: list[dict], path: Path) -> None:
         ax.set_xscale("log", base=2); ax.set_xticks(n, [str(c) for c in n])
         ax.set_xlabel("clients (total data fixed)"); ax.set_ylabel(f"client 0 minority {name}")
         ax.legend(fontsize=7)
-    fig.suptitle(f"minority classes of client 0 (reference-classifier features; {seeds_per_point(scaling)})",
-                 fontsize=9)
+    fig.suptitle(f"minority classes of client 0 (reference-classifier features; {seeds_per_point(scaling)})"
+                 f"{title_mark(verdict)}", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.94))
     fig.savefig(path, dpi=110)
 
@@ -193,7 +288,7 @@ def eps_config(epsilon: float) -> dict:
     return {"pfdm.epsilon": epsilon, "pfdm.t0": 0}
 
 
-def plot_eps_curve(curve: list[dict], table: list[dict], path: Path) -> None:
+def plot_eps_curve(curve: list[dict], table: list[dict], path: Path, verdict: dict[str, Any] | None = None) -> None:
     """Client 0's minority and majority KID against ε, the non-collaborative and federated references as
     horizontal lines; ε = inf is drawn at the right edge."""
     import matplotlib
@@ -226,12 +321,12 @@ def plot_eps_curve(curve: list[dict], table: list[dict], path: Path) -> None:
         ax.set_title(f"{group} classes", fontsize=9)
     axes[0].legend(fontsize=7)
     fig.suptitle(f"PFDM against ε ({seeds_per_point(curve)}; error bars: std over seeds, or KID's over subsets "
-                 "for one)", fontsize=9)
+                 f"for one){title_mark(verdict)}", fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 0.93))
     fig.savefig(path, dpi=110)
 
 
-def main(argv: list[str]) -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog("pfdm"), description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=4, help="clients of the main table and the ε curve")
     ap.add_argument("--scaling", default="2,4,8", help="client counts of the scaling plot (pfdm runs)")
@@ -252,8 +347,13 @@ def main(argv: list[str]) -> None:
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="run-config overrides for every run")
     ap.add_argument("--runs", default="runs/pfdm-experiment", help="folder of the runs' own folders")
     ap.add_argument("--out", default="docs", help="folder for pfdm[_<dataset>].json, its grids and plots")
-    ap.add_argument("--backend", choices=BACKENDS, default="ray",
-                    help="ray: fedapp.simulate; inprocess: fedapp.simulation.simulate_in_process (no Ray start-up)")
+    ap.add_argument("--backend", choices=BACKENDS, default="inprocess",
+                    help="inprocess: fedapp.simulation.simulate_in_process (no Ray start-up); ray: fedapp.simulate")
+    return ap
+
+
+def main(argv: list[str]) -> None:
+    ap = parser()
     args = ap.parse_args(argv)
     methods = [m for m in args.methods.split(",") if m]
     scaling = [int(c) for c in args.scaling.split(",") if c]
@@ -262,17 +362,16 @@ def main(argv: list[str]) -> None:
         eps_curve = [curve_epsilon(e) for e in args.eps_curve.split(",") if e]
     except argparse.ArgumentTypeError as err:
         ap.error(str(err))
-    overrides = parse_set(args.set)
     # (method, clients, ε) of every cell: the table at --epsilon, the ε curve, the scaling (at --epsilon)
     cells = [(m, args.clients, args.epsilon) for m in methods] + [("pfdm", args.clients, e) for e in eps_curve] \
         + [("pfdm", n, args.epsilon) for n in scaling]
     for method, clients, eps in dict.fromkeys(cells):
-        check_configs([{**config(args, method, seeds[0]), **eps_config(eps), **overrides}], clients)
+        check_configs([config(args, method, seeds[0], eps)], clients)
     docs = Path(args.out)
     docs.mkdir(parents=True, exist_ok=True)
     stem = "pfdm" if args.dataset == "colored-digits" else f"pfdm_{args.dataset}"
     path = docs / f"{stem}.json"
-    setup = {k: getattr(args, k) for k in SETUP_KEYS}
+    setup = {**{k: getattr(args, k) for k in SETUP_KEYS}, "oracle_steps": oracle_steps(args)}
     old = json.loads(path.read_text()) if path.exists() else {}
     kept = old.get("runs", []) if old.get("setup") == setup else []  # resume: runs measured under the same setup
     result = {"setup": setup, "settings": vars(args), "paper": PAPER, "runs": kept}
@@ -285,7 +384,11 @@ def main(argv: list[str]) -> None:
         for (method, clients, eps, _), row in sorted(done.items(), key=lambda kv: kv[0][3]):
             by_cell.setdefault((method, clients, eps), []).append(row)
         means = {k: aggregate(v) for k, v in by_cell.items()}
+        for (method, clients, eps), c in means.items():
+            c.update(denoiser_compute(config(args, method, 0, float(eps)), clients))
         here = eps_key(args.epsilon)
+        result["verdict"] = table_verdict(by_cell.get((ORACLE, args.clients, here), []))
+        result["paired"] = paired_rows(by_cell, args.clients, here)
         order = list(TABLE_METHODS) + list(VARIANTS)
         result["table"] = [means[m, args.clients, here] for m in order if (m, args.clients, here) in means]
         result["eps_curve"] = sorted((c for (m, n, _), c in means.items() if m == "pfdm" and n == args.clients),
@@ -298,21 +401,21 @@ def main(argv: list[str]) -> None:
         for seed in seeds:
             key = (method, clients, eps_key(eps), seed)
             if key not in done:
-                done[key] = run_one(args, method, clients, eps, seed, overrides)
+                done[key] = run_one(args, method, clients, eps, seed)
                 result["runs"].append(done[key])
                 if all(k[3] >= seed for k in done if k[:3] == key[:3]):  # the grids show a cell's lowest seed
                     copy_grids(done[key], docs / f"{stem}_grids")
                 views()
     views()
     if result["table"]:
-        result["table_markdown"] = print_table(result["table"])
+        result["table_markdown"] = print_table(result["table"], result["verdict"], result["paired"])
     if len(result["eps_curve"]) > 1:
-        plot_eps_curve(result["eps_curve"], result["table"], docs / f"{stem}_eps_curve.png")
+        plot_eps_curve(result["eps_curve"], result["table"], docs / f"{stem}_eps_curve.png", result["verdict"])
         for r in result["eps_curve"]:
             print(f"eps={r['epsilon']} t0={r['t0']}: KID minority {cell(r, 'minority_kid')} (private alone "
                   f"{cell(r, 'private_only_minority_kid')}), majority {cell(r, 'majority_kid')}")
     if len(result["scaling"]) > 1:
-        plot_scaling(result["scaling"], docs / f"{stem}_scaling.png")
+        plot_scaling(result["scaling"], docs / f"{stem}_scaling.png", result["verdict"])
         for r in result["scaling"]:
             print(f"N={r['clients']}: KID minority pfdm {cell(r, 'minority_kid')}, private alone "
                   f"{cell(r, 'private_only_minority_kid')}")

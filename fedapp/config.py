@@ -129,7 +129,8 @@ class CommonConfig:
     seed: int = opt(0, low=0)
     out_dir: str = opt("runs", help="results land in <out-dir>/<run-name>/")
     run_name: str = opt("", help="empty: <method>-<dataset>-<partitioner>-s<seed>-<time>")
-    model: str = opt("cnn", help="classifier: cnn, resnet10, resnet18, or a transformers ResNet id/folder")
+    model: str = opt("cnn", help="classifier: cnn (cnn-gap: the recipe before docs/recipe.md), resnet10, resnet18, "
+                                 "or a transformers ResNet id/folder")
     image_size: int | str = opt(AUTO, auto=True, low=8, high=512,
                                 help="pixels per side; auto: the prior's size for methods with a prior, else the "
                                      "dataset's native size")

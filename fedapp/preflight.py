@@ -17,7 +17,7 @@ from typing import Any, Mapping
 from fedapp.config import AUTO, ConfigError, RunConfig, check_data
 from fedapp.geometry import uses_prior
 
-BUILTIN_MODELS = ("cnn", "resnet10", "resnet18")
+BUILTIN_MODELS = ("cnn", "cnn-gap", "resnet10", "resnet18")  # fedapp.models.classifier.CNNS, RESNET_DEPTHS
 
 
 def check_out_dir(cfg: RunConfig) -> None:

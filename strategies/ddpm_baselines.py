@@ -47,7 +47,7 @@ def score_released_model(run, ev: GenerationEval, model, num_partitions: int, na
     shards = all_client_shards(cfg, num_partitions)  # EVALUATION ORACLE
     metrics.update(ev.mia_clean(model, shards[0].train.x, shards[0].train.y))
     metrics.update({f"shared_{k}": v for k, v in memorisation(x, torch.cat([s.train.x for s in shards])).items()})
-    metrics["reference_accuracy"] = ev.ref_accuracy
+    metrics.update(ev.reader_figures())
     return metrics
 
 
@@ -64,7 +64,7 @@ class LocalOnlyStrategy(PhasedStrategy):
             ev.save_grid(s[P.X], s[P.Y], f"local_only_client{p}.png")
         metrics = ev.per_client({p: (s[P.X], s[P.Y]) for p, s in samples.items()})
         metrics.update(NO_MIA)
-        metrics["reference_accuracy"] = ev.ref_accuracy
+        metrics.update(ev.reader_figures())
         run.out.log_metrics({"phase": "final", **metrics})
         return metrics
 

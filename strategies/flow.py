@@ -24,6 +24,7 @@ from fedapp.models.compose import build_velocity, generate
 from fedapp.protocols import RUN_KEY
 from fedapp.protocols import dcfm as P
 from fedapp.protocols.records import dtypes_of, partition_of, record_nbytes, run_config_record, tensors_of
+from fedapp.readers import Reader, reader_metrics, server_reader
 from fedapp.server import PhasedStrategy, ServerRun
 
 log = logging.getLogger("fedapp")
@@ -80,20 +81,12 @@ class FlowEvaluation:
     def __init__(self, run: ServerRun, task: FlowTask):
         self.run, self.task, self.opts = run, task, task.opts
 
-    def reference_classifiers(self) -> dict[str, torch.nn.Module]:
-        """SmallCNNs for digit and for colour trained on the server's real public + test images.
+    def reference_classifiers(self) -> dict[str, Reader]:
+        """Readers (fedapp.readers) for digit and for colour, trained on the server's real public split
+        only, so that their accuracy on the real test images is held out.
         (Not Inception: Frechet distances below are on these classifiers' features.)"""
-        from fedapp.models.classifier import SmallCNN, train_classifier
-
-        s = self.task.server
-        x = torch.cat([s.public.x, s.test.x]).float()
-        out = {}
-        for i, a in enumerate(P.ATTRS):
-            y = torch.cat([torch.as_tensor(s.public.attrs[a]), torch.as_tensor(s.test.attrs[a])]).long()
-            torch.manual_seed(self.run.cfg.seed + i)
-            out[a] = train_classifier(SmallCNN(self.task.sizes[i], in_ch=s.info.channels), x, y,
-                                      epochs=self.opts.ref_epochs, seed=self.run.cfg.seed + i)
-        return out
+        s, seed, epochs = self.task.server, self.run.cfg.seed, self.opts.ref_epochs
+        return {a: server_reader(s, seed + i, a, epochs=epochs) for i, a in enumerate(P.ATTRS)}
 
     @torch.no_grad()
     def generate_pairs(self, sampler: Sampler, parts: int, pairs: list[list[int]],
@@ -114,11 +107,12 @@ class FlowEvaluation:
         from fedapp.models.classifier import embed_all, predict
 
         with timed(self.run, "evaluation"):
-            ref = self.reference_classifiers()
+            readers = self.reference_classifiers()
+            ref = {a: r.model for a, r in readers.items()}
             server = self.task.server
             test = server.test
             ty = torch.stack([torch.as_tensor(test.attrs[a]).long() for a in P.ATTRS], 1)
-            out: dict[str, Any] = {}
+            out: dict[str, Any] = reader_metrics(readers.values())
             samples = {}
             for kind in ("seen", "novel"):
                 pairs = server.meta[f"{kind}_pairs"]

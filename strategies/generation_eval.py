@@ -60,11 +60,12 @@ def sample_model(model: DDPM, n: int, num_classes: int, steps: int, seed: int):
 
 
 class GenerationEval:
-    """Scores generated samples for one run: a reference classifier (SmallCNN on the server's real public
-    split) embeds real test images and samples; Frechet distance and KID per class group (NOT Inception)."""
+    """Scores generated samples for one run: a reference classifier (a fedapp.readers reader, SmallCNN on the
+    server's real public split) embeds real test images and samples; Frechet distance and KID per class group
+    (NOT Inception)."""
 
     def __init__(self, run, num_partitions: int):
-        from fedapp.models.classifier import SmallCNN, accuracy, train_classifier
+        from fedapp.readers import server_reader
 
         cfg, o = run.cfg, run.cfg.options
         self.run = run
@@ -74,10 +75,15 @@ class GenerationEval:
         meta = self.server.meta
         self.groups = {"majority": meta.get("majority_classes", list(range(self.num_classes))),
                        "minority": meta.get("minority_classes", [])}
-        torch.manual_seed(cfg.seed)
-        self.ref = train_classifier(SmallCNN(self.num_classes, width=16), self.server.public.x, self.server.public.y,
-                                    epochs=o.ref_epochs, seed=cfg.seed)
-        self.ref_accuracy = accuracy(self.ref, self.server.test.x, self.server.test.y)
+        self.reader = server_reader(self.server, cfg.seed, epochs=o.ref_epochs, width=16)
+        self.ref = self.reader.model
+        self.ref_accuracy = self.reader.held_out_accuracy
+
+    def reader_figures(self) -> dict[str, Any]:
+        """The summary's reader figures (call once a run: an unreliable reader logs its warning here)."""
+        from fedapp.readers import reader_metrics
+
+        return {"reference_accuracy": self.ref_accuracy, **reader_metrics([self.reader])}
 
     @torch.no_grad()
     def features(self, x: torch.Tensor) -> np.ndarray:

@@ -118,8 +118,8 @@ class PFDMStrategy(PhasedStrategy):
         metrics.update(self.attacks(ev, shared, uploads, len(nodes)))
         metrics.update(self.t0_match(shared, ev))
         run.phase_seconds["evaluation"] = time.time() - t
-        metrics.update({"t0": self.t0, "epsilon": self.privacy["epsilon"], "reference_accuracy": ev.ref_accuracy,
-                        "num_uploads": len(x_up)})
+        metrics.update({"t0": self.t0, "epsilon": self.privacy["epsilon"], "num_uploads": len(x_up),
+                        **ev.reader_figures()})
         run.out.log_metrics({"phase": "final", **metrics})
         return metrics
 

@@ -4,6 +4,22 @@ import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
 
+@pytest.fixture(autouse=True, scope="session")
+def reader_cache(tmp_path_factory):
+    """Evaluation readers (fedapp.readers) cache into this session's folder, never the user's cache."""
+    import os
+
+    from fedapp.readers import CACHE_ENV
+
+    old = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("readers"))
+    yield os.environ[CACHE_ENV]
+    if old is None:
+        os.environ.pop(CACHE_ENV)
+    else:
+        os.environ[CACHE_ENV] = old
+
+
 @pytest.fixture
 def inside_a_run():
     """Flower stamps new messages with the running task's identity; unit tests have none."""

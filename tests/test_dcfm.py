@@ -199,6 +199,8 @@ def _check_summary(s):
     for k in ("seen_composition_accuracy", "novel_composition_accuracy", "seen_distance", "novel_distance",
               "seen_kid", "seen_kid_std", "novel_kid", "novel_kid_std"):
         assert k in m and m[k] == m[k], k  # present and not NaN
+    # the digit and colour readers' held-out accuracy, and whether either is below its threshold
+    assert set(m["reader_accuracy"]) == {"digit", "color"} and m["reader_unreliable"] == bool(m["unreliable_readers"])
     return m
 
 
@@ -243,7 +245,8 @@ def test_simulation_dcfm_a_sequential_schedule_moves_as_many_models_as_the_allga
 # each method's own: one name set per method, as the experiment tables read them.
 SHARED_METRICS = {f"{kind}_{m}" for kind in ("seen", "novel")
                   for m in ("composition_accuracy", "digit_accuracy", "color_accuracy", "distance", "kid", "kid_std")} | {
-    "model_bytes", "model_transfers_per_client", "model_transfers_by_client", "num_experts"}
+    "model_bytes", "model_transfers_per_client", "model_transfers_by_client", "num_experts",
+    "reader_accuracy", "reader_unreliable", "unreliable_readers"}
 IN_PROCESS = {  # run config, own metrics, server phases timed, model transfers per client (N = 3, R = 1, T = 2)
     "dcfm-a": ({"method": "dcfm", "dcfm.variant": "a", "dcfm.rounds": 1}, {"variant", "rounds"},
                {"stage1", "peer_round1", "evaluation"}, 4),

@@ -164,6 +164,9 @@ def test_pfdm_simulation_uploads_are_private_and_the_private_model_stays_home(tm
                 "private_only_minority_kid", "mean_kid", "t0_kid", "t0_kid_reference"):
         assert m[key] is not None and math.isfinite(m[key]), key
     assert set(m["per_client"]) == {"0", "1"}
+    # the reference classifier is a reader: its held-out accuracy, and whether it is below its threshold
+    assert m["reader_accuracy"] == {"label": m["reference_accuracy"]}
+    assert m["reader_unreliable"] == (m["unreliable_readers"] == ["label"])
 
     for pid in (0, 1):
         up = torch.load(dump / f"train-{pid}.pt", weights_only=False)
@@ -217,6 +220,7 @@ def test_ddpm_baselines_protocols_on_an_in_process_grid(tmp_path, method):
     if method == "dpdm":  # the worst client's spend, below the target the multiplier was picked for
         assert math.isfinite(m["dp_epsilon"]) and m["dp_epsilon"] > 0 and m["dp_noise_multiplier_max"] == 1.0
     assert all(math.isfinite(m[k]) for k in ("majority_distance", "minority_distance", "mean_distance"))
+    assert m["reader_accuracy"] == {"label": m["reference_accuracy"]} and isinstance(m["reader_unreliable"], bool)
     per = s["comm"]["per_client"]
     if method == "local-only":
         assert {k: m[k] for k in NO_MIA} == NO_MIA

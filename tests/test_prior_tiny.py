@@ -120,10 +120,11 @@ def test_evaluate_reports_accuracy_and_grid(built):
 
     _, folder = built
     out = evaluate_tiny_prior(folder, "digits", per_class=2, guidances=(1.0, 3.0), num_steps=3, data=synthetic(),
-                              classifier_epochs=1)
+                              test=synthetic(seed=1)[:2], classifier_epochs=1)
     assert 0 <= out["sample_accuracy"] <= 1 and out["sample_guidance"] in (1.0, 3.0)
     assert set(out["accuracy_by_guidance"]) == {"1.0", "3.0"} and out["zigzag"]["unet_evals"] > 0
     assert (folder / "samples.png").is_file()
+    assert out["reader_accuracy"] == {"label": pytest.approx(out["reference_test_accuracy"], abs=1e-4)}
 
 
 # ---- a prior trained on some domains only (tiny@<domain>) ---------------------------------------------

@@ -19,6 +19,7 @@ from typing import Callable
 
 import torch
 
+from ...cache import cache_home
 from .config import CODE_VERSION, DEFAULT_IMAGE_SIZE, DEFAULT_STEPS, TinyPriorConfig
 
 
@@ -26,7 +27,7 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
     """Folder holding prior folders: cache_dir, else $FEDAPP_CACHE/priors, else ~/.cache/fedapp/priors."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
-    return Path(os.environ.get("FEDAPP_CACHE", "~/.cache/fedapp")).expanduser() / "priors"
+    return cache_home() / "priors"
 
 
 def _key(dataset: str, image_size: int, steps: int, seed: int, config: TinyPriorConfig, data_hash: str = "",

@@ -27,14 +27,20 @@ def public_data(dataset: str, image_size: int = DEFAULT_IMAGE_SIZE, seed: int = 
                 domains: tuple[str, ...] | None = None):
     """(x, y, class_names) of the dataset's public split (feddata; independent of the partitioner);
     with `domains`, only its images of those domains (a prior that has never seen the others)."""
-    import feddata
-
-    server = feddata.load_server_data(dataset, "iid", {}, seed, num_partitions=4, image_size=image_size)
+    server = server_split(dataset, image_size, seed)
     pub = server.public
     if domains is not None:
         keep = torch.isin(pub.attrs["domain"], torch.tensor(domain_ids(dataset, domains, server.info.attributes)))
         pub = pub.subset(torch.nonzero(keep).flatten())
     return pub.x, pub.y, list(server.info.class_names)
+
+
+def server_split(dataset: str, image_size: int = DEFAULT_IMAGE_SIZE, seed: int = 0):
+    """feddata's server data of the dataset: its public split (the prior's training data) and test split.
+    The partitioner is iid over 4 clients: the public split does not depend on either."""
+    import feddata
+
+    return feddata.load_server_data(dataset, "iid", {}, seed, num_partitions=4, image_size=image_size)
 
 
 def domain_ids(dataset: str, domains: tuple[str, ...], attributes: dict[str, list[str]]) -> list[int]:

@@ -1,0 +1,277 @@
+"""What every table prints beside its means (experiments.common): convergence verdicts, same-seed
+differences, the CPU budget of --jobs/--threads; and how the FedDifRC, PFDM and DCFM tables use them
+(compute per row, the PFDM oracle's budget). Synthetic inputs, plus the tables already in docs/."""
+
+import argparse
+import json
+from pathlib import Path
+
+import pytest
+
+from experiments import common
+from experiments.common import (all_converged, check_cpu_budget, classification_verdict, generative_verdict,
+                                paired_difference, paired_text)
+
+DOCS = Path(__file__).resolve().parents[1] / "docs"
+
+
+# ---- verdicts ------------------------------------------------------------------------------------------------
+def test_a_flat_curve_is_converged_in_percent_and_in_fractions():
+    flat = [50.0] * 10 + [50.4] * 10  # last-5 mean 50.4 at round 20, 50.0 at round 10: +0.4 points
+    v = classification_verdict(flat)
+    assert v["converged"] and v["delta_points"] == pytest.approx(0.4) and v["rounds"] == 20
+    frac = classification_verdict([x / 100 for x in flat])  # the same curve in [0, 1]: the same points
+    assert frac["converged"] and frac["delta_points"] == pytest.approx(0.4)
+
+
+def test_a_rising_curve_is_not_converged():
+    rising = [0.10 + 0.01 * r for r in range(20)]  # +1 point a round: +10 points over 10 rounds
+    v = classification_verdict(rising)
+    assert not v["converged"] and v["delta_points"] == pytest.approx(10.0)
+    assert "moved +10.00 points" in v["reason"]
+    falling = [60.0] * 10 + [58.9] * 10  # |-1.1| >= 1: a drop is not converged either
+    assert not classification_verdict(falling)["converged"]
+    edge = [50.0] * 10 + [51.0] * 10  # exactly 1 point: not < 1
+    assert not classification_verdict(edge)["converged"]
+
+
+def test_a_curve_shorter_than_15_rounds_is_too_short():
+    v = classification_verdict([0.5] * 14)
+    assert v == {"converged": False, "reason": "too short", "rounds": 14}
+    assert classification_verdict([0.5] * 15)["converged"]  # 15: rounds 11-15 against rounds 1-5
+
+
+def test_generative_verdict_needs_90_percent_of_the_oracle_samples():
+    assert not generative_verdict(0.89)["converged"]
+    assert generative_verdict(0.90)["converged"] and generative_verdict(0.3 * 3)["converged"]  # 0.8999999999999999
+    assert "89.0% (< 90%)" in generative_verdict(0.89)["reason"]
+    assert generative_verdict(None) == {"converged": False, "reason": "no oracle run"}
+
+
+def test_a_cell_is_converged_only_if_every_seed_is():
+    ok, short = classification_verdict([50.0] * 20), classification_verdict([50.0] * 3)
+    both = all_converged([ok, short])
+    assert not both["converged"] and both["reason"] == "too short" and (both["seeds"], both["converged_seeds"]) == (2, 1)
+    assert all_converged([ok, ok])["converged"] and not all_converged([])["converged"]
+
+
+# ---- paired seeds --------------------------------------------------------------------------------------------
+def test_paired_difference_over_the_shared_seeds():
+    a = {0: 50.0, 1: 48.0, 2: 47.0, 3: 99.0}  # seed 3: the baseline lacks it
+    b = {"0": 49.0, "1": 49.0, "2": 45.0}  # json keeps seeds as strings
+    p = paired_difference(a, b, higher_is_better=True)
+    assert p["n"] == 3 and p["mean"] == pytest.approx(2 / 3)  # differences +1, -1, +2
+    assert p["std"] == pytest.approx(((1 / 3) ** 2 + (5 / 3) ** 2 + (4 / 3) ** 2) ** 0.5 / 3 ** 0.5)
+    assert p["favour"] == 2
+    lower = paired_difference(a, b, higher_is_better=False)  # a distance: a smaller a wins
+    assert lower["mean"] == pytest.approx(2 / 3) and lower["favour"] == 1
+    tie = paired_difference({0: 1.0}, {0: 1.0}, higher_is_better=True)
+    assert tie["favour"] == 0 and paired_difference({0: 1.0}, {0: 1.0}, higher_is_better=False)["favour"] == 0
+
+
+def test_paired_difference_skips_missing_figures_and_prints_sign_spread_and_count():
+    p = paired_difference({0: 3.0, 1: None, 2: 1.0}, {0: 1.0, 1: 2.0, 2: 2.0}, higher_is_better=True)
+    assert (p["n"], p["mean"], p["std"], p["favour"]) == (2, 0.5, 1.5, 1)
+    assert paired_text(p) == "+0.5 ± 1.5 (1/2)"
+    assert paired_text(paired_difference({0: 1.0}, {0: 2.25}, True), 2) == "-1.25 ± 0.00 (0/1)"
+    empty = paired_difference({0: 1.0}, {1: 1.0}, True)
+    assert empty == {"mean": None, "std": None, "n": 0, "favour": 0} and paired_text(empty) == "n/a"
+
+
+# ---- CPU budget ----------------------------------------------------------------------------------------------
+def test_jobs_times_threads_must_fit_the_cores():
+    check_cpu_budget(2, 1, cpus=2)
+    check_cpu_budget(1, 0, cpus=2)  # torch's default on one job: every core, once
+    with pytest.raises(SystemExit, match=r"--jobs 3 x --threads 1 = 3 threads > 2 CPU cores"):
+        check_cpu_budget(3, 1, cpus=2)
+    with pytest.raises(SystemExit, match=r"--jobs 2 x --threads 0 \(torch's default: 4\) = 8 threads > 4 CPU"):
+        check_cpu_budget(2, 0, cpus=4)
+
+
+@pytest.mark.parametrize("name, argv", [("dcfm", ["--threads", "3"]), ("feddifrc", ["--threads", "3"]),
+                                        ("dcfm_toy", ["--threads", "3"]), ("espresso_conditions", ["--threads", "3"]),
+                                        ("espresso_ablation", ["--jobs", "2", "--threads", "2"])])
+def test_every_runner_with_threads_refuses_to_oversubscribe(monkeypatch, tmp_path, name, argv):
+    import importlib
+
+    monkeypatch.setattr(common, "available_cpus", lambda: 2)
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit, match="> 2 CPU cores"):
+        importlib.import_module(f"experiments.{name}").main([*argv, "--out", str(tmp_path / "out")])
+    assert list(tmp_path.iterdir()) == []
+
+
+# ---- FedDifRC ------------------------------------------------------------------------------------------------
+def _row(curve, steps=None):
+    return {"curve": curve, **({"steps": steps, "images_seen": 16 * steps} if steps else {})}
+
+
+def test_feddifrc_table_prints_verdicts_paired_differences_and_compute():
+    from experiments.feddifrc import cell_summary, table_text
+
+    flat = [0.40] * 20
+    results = {"a0.5": {
+        "fedavg": {"0": _row(flat, 100), "1": _row([0.42] * 20, 120), "2": _row([0.44] * 20, 110)},
+        # seed 1 still rising (+10 points over the last 10 rounds): the cell is not converged
+        "feddifrc": {"0": _row([0.41] * 20, 100), "1": _row([0.30 + 0.01 * r for r in range(20)], 120),
+                     "2": _row([0.43] * 20, 110)}}}
+    text = table_text(results, ["a0.5"], ["fedavg", "feddifrc"])
+    lines = text.splitlines()
+    assert lines[2] == "| FedAvg | 42.00 ± 1.63 (n=3) |"
+    assert lines[3].startswith("| FedDifRC | ") and lines[3].endswith(" (n=3) not converged |")
+    # same seeds: 41 - 40, 47 - 42 (seed 1's last 5 rounds: 45..49, mean 47), 43 - 44
+    assert "| FedDifRC | a0.5 | +1.7 ± 2.5 (2/3) | 110 | 1,760 |" in lines
+    assert "| FedAvg | a0.5 | — | 110 | 1,760 |" in lines
+    c = cell_summary(results, "a0.5", "feddifrc")
+    assert c["vs_fedavg"]["favour"] == 2 and c["vs_fedavg"]["mean"] == pytest.approx(5 / 3)
+    assert c["vs_fedavg"]["std"] == pytest.approx((56 / 9) ** 0.5) and c["steps"] == 110
+    assert c["verdict"]["converged_seeds"] == 2 and not c["verdict"]["converged"]
+    assert cell_summary(results, "a0.5", "fedavg")["verdict"]["converged"]
+
+
+def test_feddifrc_tables_already_in_docs_still_print(tmp_path):
+    from experiments.feddifrc import SPLITS, cells, plot, table_text
+
+    results = json.loads((DOCS / "feddifrc_mnist-5k.json").read_text())["results"]
+    splits = [s for s in SPLITS if s in results]
+    text = table_text(results, splits, ["fedavg", "feddifrc"])
+    assert "| FedAvg | a0.05 | — | n/a | n/a |" in text  # measured before the compute was recorded
+    c = cells(results, splits, ["fedavg", "feddifrc"])
+    assert c["a0.5"]["feddifrc"]["vs_fedavg"]["n"] == 3
+    plot(results, splits, ["fedavg", "feddifrc"], tmp_path / "rounds.png", "mnist-5k")
+    assert (tmp_path / "rounds.png").read_bytes()[:4] == b"\x89PNG"
+
+
+@pytest.mark.usefixtures("inside_a_run", "one_torch_thread")
+@pytest.mark.parametrize("fraction_evaluate", [0.0, 1.0])
+def test_feddifrc_compute_counts_each_train_reply_of_a_real_run(tmp_path, fraction_evaluate):
+    import math
+
+    from experiments.feddifrc import run_compute, shard_sizes
+    from fedapp.simulation import simulate_in_process
+
+    flat = {"method": "fedavg", "dataset": "digits", "partitioner": "iid", "partitioner.per-class": 3,
+            "num-server-rounds": 2, "local-epochs": 2, "batch-size": 8, "min-clients": 3,
+            "fraction-evaluate": fraction_evaluate, "out-dir": str(tmp_path), "run-name": "r"}
+    summary = simulate_in_process(flat, 3)
+    sizes = shard_sizes(flat, 3)
+    assert summary["status"] == "completed" and len(sizes) == 3 and min(sizes) > 8
+    got = run_compute(flat, summary, sizes)
+    # every client trains in both rounds: 2 rounds x 2 epochs x ceil(n_k / 8) steps, 2 x 2 x n_k images
+    assert got == {"steps": sum(4 * math.ceil(n / 8) for n in sizes), "images_seen": sum(4 * n for n in sizes)}
+    assert run_compute({**flat, "fraction-evaluate": 0.5}, summary, sizes) is None
+
+
+# ---- PFDM ----------------------------------------------------------------------------------------------------
+def test_pfdm_oracle_trains_at_least_as_many_steps_as_any_federated_row():
+    from experiments.pfdm import FEDERATED, ORACLE, config, denoiser_compute, oracle_steps, parser
+
+    args = parser().parse_args([])
+    assert args.backend == "inprocess"
+    totals = {m: denoiser_compute(config(args, m, 0), args.clients)["steps"] for m in FEDERATED}
+    # 4 clients x 400 steps: fedavg-ddpm 4 rounds x 100 a client; pfdm's private denoisers + z_w's 400
+    assert totals["fedavg-ddpm"] == totals["dpdm"] == totals["local-only"] == 1600 and totals["pfdm"] == 2000
+    oracle = config(args, ORACLE, 0)
+    assert oracle["pfdm.shared-steps"] == oracle_steps(args) == max(totals.values()) == 2000
+    assert denoiser_compute(oracle, args.clients) == {"steps": 2000, "images_seen": 2000 * 64}
+    # --set moves the federated rows; the oracle follows, even past a --set of its own steps
+    more = parser().parse_args(["--set", "pfdm.local-steps=1000", "pfdm.shared-steps=10"])
+    assert config(more, ORACLE, 0)["pfdm.shared-steps"] == 4 * 1000 + 10
+    assert config(more, "pfdm", 0)["pfdm.shared-steps"] == 10
+
+
+@pytest.mark.usefixtures("inside_a_run", "one_torch_thread")
+def test_pfdm_rows_run_in_process_by_default_and_the_oracle_gets_its_budget(tmp_path):
+    from experiments.common import run
+    from experiments.pfdm import ORACLE, config, oracle_steps, parser
+
+    args = parser().parse_args(["--steps", "4", "--rounds", "2", "--samples", "30", "--sample-steps", "3",
+                                "--attack-samples", "20", "--runs", str(tmp_path),
+                                "--set", "pfdm.ref-epochs=1", "pfdm.batch=16"])
+    for method in (ORACLE, "pfdm"):
+        s = run(config(args, method, 0), args.clients, args.backend)
+        assert s["status"] == "completed" and s["failures"] == [], method
+        ran = json.loads((Path(s["run_dir"]) / "config.json").read_text())
+        assert ran["pfdm.shared-steps"] == (oracle_steps(args) if method == ORACLE else 4)
+    assert oracle_steps(args) == 4 * 4 + 4  # pfdm: 4 private denoisers x 4 steps + z_w's 4
+
+
+def _pfdm_run(method, seed, **figures):
+    return {"method": method, "clients": 4, "epsilon": 10.0, "seed": seed, **figures}
+
+
+def test_pfdm_verdict_from_the_oracle_and_paired_rows_against_local_only_and_the_private_model():
+    from experiments.pfdm import paired_rows, print_table, table_verdict
+
+    oracle = [_pfdm_run("centralized-ddpm", s, sample_accuracy=a) for s, a in ((0, 0.95), (1, 0.85))]
+    assert not table_verdict(oracle)["converged"] and table_verdict(oracle[:1])["converged"]
+    by_cell = {("local-only", 4, 10.0): [_pfdm_run("local-only", s, mean_distance=d, minority_kid=1.0)
+                                         for s, d in ((0, 5.0), (1, 6.0))],
+               ("pfdm", 4, 10.0): [_pfdm_run("pfdm", s, mean_distance=d, minority_kid=0.5, private_only_mean_distance=p,
+                                             private_only_minority_kid=0.5) for s, d, p in ((0, 4.0, 4.5), (1, 7.0, 6.0))]}
+    rows = {(q["method"], q["against"]): q for q in paired_rows(by_cell, 4, 10.0)}
+    vs_local, vs_private = rows["pfdm", "local-only"], rows["pfdm", "its private model alone"]
+    assert vs_local["mean_distance"] == {"mean": 0.0, "std": 1.0, "n": 2, "favour": 1}  # -1, +1
+    assert vs_local["minority_kid"]["mean"] == -0.5 and vs_local["minority_kid"]["favour"] == 2
+    assert vs_private["mean_distance"]["mean"] == pytest.approx(0.25) and vs_private["minority_kid"]["favour"] == 0
+    table = [{"method": "pfdm", "clients": 4, "seeds": [0, 1], "steps": 2000, "images_seen": 128000}]
+    text = print_table(table, table_verdict(oracle), list(rows.values()))
+    assert text.startswith("verdict: not converged (centralized-ddpm, 1/2 seeds converged; oracle samples read as "
+                           "the requested class 85.0% (< 90%))")
+    assert "| 2,000 | 128,000 | not converged |" in text
+    assert "| pfdm - local-only | +0.000 ± 1.000 (1/2) | -0.500 ± 0.000 (2/2) |" in text
+
+
+def test_pfdm_table_already_in_docs_still_prints():
+    from experiments.pfdm import print_table
+
+    old = json.loads((DOCS / "pfdm.json").read_text())
+    text = print_table(old["table"])  # no verdict, no compute: printed as such
+    assert "| n/a | n/a | not converged |" in text
+
+
+# ---- DCFM ----------------------------------------------------------------------------------------------------
+def test_dcfm_rows_compute_verdict_per_split_and_paired_rows():
+    from experiments.dcfm import SETTINGS, flow_compute, paired_rows, split_verdicts, summarise, table
+
+    settings = {**SETTINGS, "dataset": "colored-digits"}
+    c = {n: flow_compute(n, settings, 5)["steps"] for n in ("fedflow", "ddm", "local-only-flow", "dcfm-a", "dcfm-b")}
+    # fedflow 5 x 4 rounds x 25; Stage I 5 x 100; + router 100; + 5 x 2 rounds x 30 peer steps; + 200 distill
+    assert c == {"fedflow": 500, "ddm": 600, "local-only-flow": 500, "dcfm-a": 800, "dcfm-b": 700}
+    assert flow_compute("dcfm-b", settings, 5)["images_seen"] == 700 * 32
+
+    def row(method, split, seed, seen, novel_d, novel_acc):
+        return {"method": method, "split": split, "seed": seed, "seen_distance": 1.0, "novel_distance": novel_d,
+                "seen_composition_accuracy": seen, "novel_composition_accuracy": novel_acc,
+                "model_transfers_per_client": 1.0}
+
+    rows = [row("fedflow", "iid", s, 0.95, 10.0, 0.2) for s in (0, 1)] + [row("fedflow", "non-iid", 0, 0.5, 9.0, 0.1)]
+    rows += [row("dcfm-a", "iid", s, 0.9, 8.0 + s, 0.3) for s in (0, 1)]
+    v = split_verdicts(rows)
+    assert v["iid"]["converged"] and not v["non-iid"]["converged"]
+    (q,) = paired_rows(rows)  # dcfm-a against fedflow at iid: the only pair both have
+    assert (q["method"], q["against"], q["split"]) == ("dcfm-a", "fedflow", "iid")
+    assert q["novel_distance"] == {"mean": -1.5, "std": 0.5, "n": 2, "favour": 2}
+    assert q["novel_composition_accuracy"]["mean"] == pytest.approx(0.1) and q["novel_composition_accuracy"]["favour"] == 2
+    text = table(rows, {"fedflow": {"steps": 500, "images_seen": 16000}})
+    assert text.splitlines()[2].endswith("500       16,000  converged")
+    assert text.splitlines()[4].endswith("  not converged")  # fedflow, non-iid
+    cells = {(s["method"], s["split"]): s for s in summarise(rows)}
+    assert cells["dcfm-a", "iid"]["verdict"]["converged"] and not cells["fedflow", "non-iid"]["verdict"]["converged"]
+
+
+def test_dcfm_table_already_in_docs_still_prints():
+    from experiments.dcfm import paired_rows, summarise, table
+
+    rows = json.loads((DOCS / "dcfm.json").read_text())["rows"]  # one seed, written before `seed` was a key
+    assert "not converged" in table(rows) and len(summarise(rows)) == len(rows)
+    assert {(q["method"], q["against"]) for q in paired_rows(rows)} == {
+        ("dcfm-a", "fedflow"), ("dcfm-a", "ddm"), ("dcfm-b", "fedflow"), ("dcfm-b", "ddm")}
+
+
+def test_parsers_default_to_the_in_process_backend():
+    from experiments import dcfm
+
+    a = dcfm.parser().parse_args([])
+    assert a.backend == "inprocess" and a.threads == common.available_cpus()
+    assert isinstance(a, argparse.Namespace)
