@@ -184,6 +184,42 @@ def checks(res: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def mean_std(values: list[float], scale: float = 100.0) -> str:
+    return f"{scale * float(np.mean(values)):.1f} ± {scale * float(np.std(values)):.1f}"
+
+
+def table_text(res: dict[str, Any]) -> str:
+    """The markdown of docs/recipe.md: the diagnosis (accuracy % after STEPS steps), the centralised curve's end,
+    FedAvg per round with the recipe's same-seed difference against cnn-gap (points, seeds favouring it)."""
+    from experiments.common import paired_difference, paired_text
+
+    diag = res.get("diagnosis", {}).get("all", {})
+    lines = ["| factor changed (one at a time) | " + " | ".join(f"{s} steps" for s in STEPS) + " |",
+             "|---|" + "---|" * len(STEPS)]
+    for f in FACTORS:
+        runs = [d[f] for d in diag.values() if f in d]
+        if runs:
+            lines.append(f"| {f} | " + " | ".join(mean_std([r[i] for r in runs]) for i in range(len(STEPS))) + " |")
+    lines += ["", "| centralised, mnist-5k | epochs | final test accuracy % | best % |", "|---|---|---|---|"]
+    for name, per_seed in res.get("centralised", {}).items():
+        curves = list(per_seed.values())
+        lines.append(f"| {name} | {len(curves[0])} | {mean_std([c[-1] for c in curves])} | "
+                     f"{mean_std([max(c) for c in curves])} |")
+    fed = res.get("federated", {})
+    lines += ["", "| FedAvg | model | round 1 | round 2 | round 3 | round 5 | last round | last − cnn-gap, same seeds |",
+              "|---|---|---|---|---|---|---|---|"]
+    for key, per_seed in fed.items():
+        name, model = key.rsplit("/", 1)
+        curves = list(per_seed.values())
+        cols = [mean_std([c[r] for c in curves]) if min(map(len, curves)) > r else "—" for r in (0, 1, 2, 4)]
+        cols.append(mean_std([c[-1] for c in curves]))
+        base = fed.get(f"{name}/cnn-gap", {})
+        vs = "—" if model == "cnn-gap" else paired_text(paired_difference(
+            {k: 100 * c[-1] for k, c in per_seed.items()}, {k: 100 * c[-1] for k, c in base.items()}, True))
+        lines.append(f"| {name} | {model} | " + " | ".join(cols) + f" | {vs} |")
+    return "\n".join(lines)
+
+
 def summarise(values: list[list[float]]) -> tuple[np.ndarray, np.ndarray]:
     arr = 100 * np.array(values)
     return arr.mean(0), arr.std(0)
@@ -290,5 +326,6 @@ def main(argv: list[str]) -> None:
     view = dict(res, diagnosis={f: {s: d[f] for s, d in diag.items()} for f in FACTORS if all(f in d for d in diag.values())})
     save()
     plot(view, out / "recipe.png")
+    print(table_text(res))
     print(json.dumps(checks(res), indent=1))
     print(f"wrote {json_path} and {out / 'recipe.png'}")

@@ -81,3 +81,18 @@ def test_the_recipe_learns_real_digits_where_the_old_one_sits_at_chance():
         local_train(net, x, y, epochs=2, lr=0.02, batch=16, seed=0)
         acc[name] = accuracy(net, tx, ty)
     assert acc["cnn"] > 0.7 and acc["cnn-gap"] < 0.35, acc  # measured: 0.85 and 0.26
+
+
+def test_random_shift_translates_each_image_by_at_most_shift_pixels():
+    from fedapp.models.classifier import random_shift
+
+    x = torch.randn(32, 3, 10, 10)
+    out = random_shift(x, 2, torch.Generator().manual_seed(0))
+    assert out.shape == x.shape
+    offsets = set()
+    for k in range(len(x)):
+        found = [(dy, dx) for dy in range(-2, 3) for dx in range(-2, 3)
+                 if torch.equal(out[k, :, 2:8, 2:8], x[k, :, 2 + dy:8 + dy, 2 + dx:8 + dx])]
+        assert found, k  # the centre is the input moved by (dy, dx); the border repeats the edge
+        offsets.add(found[0])
+    assert len(offsets) > 5  # each image its own draw

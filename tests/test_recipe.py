@@ -1,0 +1,30 @@
+"""experiments/recipe.py: the issue's bars computed from stored curves, and the tables it prints."""
+
+from experiments.recipe import FACTORS, STEPS, checks, table_text
+
+
+def results(a05_round3: float, chance_late: bool) -> dict:
+    fed = {"mnist-5k iid/cnn": {"0": [0.6, 0.8, 0.9, 0.93, 0.96], "1": [0.5, 0.7, 0.9, 0.95, 0.94]},
+           "mnist-5k iid/cnn-gap": {"0": [0.1, 0.3, 0.5, 0.6, 0.9], "1": [0.1, 0.2, 0.4, 0.6, 0.8]},
+           "mnist-5k a0.5/cnn": {"0": [0.4, 0.6, a05_round3, 0.9], "1": [0.3, 0.5, 0.7, 0.1 if chance_late else 0.9]}}
+    return {"centralised": {"mnist-5k": {"0": [0.9, 0.985], "1": [0.9, 0.979]}}, "federated": fed,
+            "diagnosis": {"all": {"0": {f: [0.1] * len(STEPS) for f in FACTORS}}}}
+
+
+def test_checks_read_the_bars_from_the_curves():
+    ok = checks(results(0.8, chance_late=False))
+    assert ok["centralised_final_min"] == 0.979 and ok["centralised_ge_98"] is False
+    assert ok["fedavg_iid_best_within_10_rounds_min"] == 0.95 and ok["fedavg_iid_ge_95_within_10_rounds"] is True
+    assert ok["fedavg_a05_round3_min"] == 0.7 and ok["fedavg_a05_round3_gt_50"] is True
+    assert ok["no_seed_at_chance_after_round_2"] is True
+    bad = checks(results(0.5, chance_late=True))
+    assert bad["fedavg_a05_round3_gt_50"] is False and bad["no_seed_at_chance_after_round_2"] is False
+    assert checks({})["centralised_ge_98"] is None  # a part not run is not a pass
+
+
+def test_table_has_every_factor_and_the_paired_difference_against_the_old_model():
+    text = table_text(results(0.8, chance_late=False))
+    assert all(f"| {f} |" in text for f in FACTORS)
+    # last round: cnn 0.96 / 0.94 against cnn-gap 0.9 / 0.8 -> +6 and +14 points, both seeds favour the recipe
+    assert "| mnist-5k iid | cnn | 55.0 ± 5.0 | 75.0 ± 5.0 | 90.0 ± 0.0 | 95.0 ± 1.0 | 95.0 ± 1.0 | +10.0 ± 4.0 (2/2) |" in text
+    assert "| mnist-5k, no shift |" not in text and "| mnist-5k | 2 | 98.2 ± 0.3 | 98.2 ± 0.3 |" in text
