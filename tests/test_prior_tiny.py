@@ -87,8 +87,11 @@ def test_shipping_as_records_round_trips_and_refuses_bad_paths(built, tmp_path):
     from flwr.app import ConfigRecord
 
     _, folder = built
+    (folder / "samples.png").write_bytes(b"png")  # what `python -m fedapp.models.prior.tiny` leaves beside it
     weights, files = prior_to_records(folder)
+    (folder / "samples.png").unlink()
     assert all("::" in k and k.split("::")[0].endswith(".safetensors") for k in weights.keys())
+    assert "samples.png" not in files.keys()
     assert "unet/config.json" in files.keys() and "model_index.json" in files.keys()
     shipped = prior_from_records(weights, files, cache_dir=tmp_path)
     assert shipped.name.startswith("shipped-") and prior_from_records(weights, files, cache_dir=tmp_path) == shipped
@@ -101,6 +104,12 @@ def test_shipping_as_records_round_trips_and_refuses_bad_paths(built, tmp_path):
         with pytest.raises(ValueError, match="refusing path"):
             prior_from_records(weights, ConfigRecord({**{k: files[k] for k in files.keys()}, bad: b"x"}),
                                cache_dir=tmp_path / "other")
+    (folder / "unet" / "extra.bin").write_bytes(b"x")  # a pickle-format weight: refused, not silently left out
+    try:
+        with pytest.raises(ValueError, match="cannot ship unet/extra.bin"):
+            prior_to_records(folder)
+    finally:
+        (folder / "unet" / "extra.bin").unlink()
 
 
 def test_load_prior_errors(tmp_path):

@@ -19,11 +19,13 @@ from .tiny.cache import cache_root, publish
 
 WEIGHTS = ".safetensors"
 FILES = (".json", ".txt")  # configs, model_index.json, prior_meta.json, tokenizer vocabulary
+LEFT_HOME = (".png",)  # the sample grid evaluate.py writes beside the model: not part of it, never sent
 SEP = "::"
 
 
 def prior_to_records(folder: str | Path) -> tuple[ArrayRecord, ConfigRecord]:
-    """(weights, files) of a prior folder; any other kind of file is refused (a .bin, a script)."""
+    """(weights, files) of a prior folder; a sample grid stays home (LEFT_HOME), any other kind of file is
+    refused (a .bin, a script)."""
     from safetensors.torch import load_file
 
     folder = Path(folder)
@@ -36,7 +38,7 @@ def prior_to_records(folder: str | Path) -> tuple[ArrayRecord, ConfigRecord]:
                 weights[f"{rel}{SEP}{name}"] = tensor
         elif rel.endswith(FILES):
             files[rel] = path.read_bytes()
-        else:
+        elif not rel.endswith(LEFT_HOME):
             raise ValueError(f"prior folder {folder}: cannot ship {rel}; only {WEIGHTS} weights and "
                              f"{', '.join(FILES)} files")
     return ArrayRecord(weights), ConfigRecord(files)

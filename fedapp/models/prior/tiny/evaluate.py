@@ -19,8 +19,9 @@ def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
                         guidances: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0, 5.0), num_steps: int = 25,
                         seed: int = 0, data=None, test=None, classifier_epochs: int = 30) -> dict:
     """Share of class-prompted samples that a reference classifier (a fedapp.readers reader trained on the
-    real public split) labels as the prompted class, per guidance; saves samples.png (rows = classes).
-    `data` = (x, y, class_names) replaces the public split, `test` = (x, y) the held-out test split."""
+    dataset's real images outside its test split) labels as the prompted class, per guidance; saves samples.png
+    (rows = classes). `data` = (x, y, class_names) replaces those training images, `test` = (x, y) the
+    held-out test split."""
     from fedapp.readers import reader, reader_metrics, server_reader
 
     folder = Path(folder)
@@ -58,5 +59,5 @@ def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
     return {"sample_accuracy": round(best[1], 4), "sample_guidance": best[0], "accuracy_by_guidance": result,
             "zigzag": zigzag,
             "samples_per_class": per_class, "sample_steps": num_steps, "reference_classifier_seconds": round(ref_seconds, 1),
-            "reference_classifier": f"SmallCNN, {classifier_epochs} epochs on the real public split",
+            "reference_classifier": f"SmallCNN, {classifier_epochs} epochs on the real images outside the test split",
             "reference_test_accuracy": round(ref.held_out_accuracy, 4), **reader_metrics([ref])}
