@@ -46,7 +46,7 @@ BACKENDS = ("inprocess", "ray")
 @contextmanager
 def config_errors_exit() -> Iterator[None]:
     """A user error in a run config (ConfigError) ends the command with its one line, no traceback."""
-    from fedapp.config import ConfigError
+    from fedapp.options import ConfigError
 
     try:
         yield

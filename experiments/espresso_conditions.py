@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common import check_cpu_budget, config_errors_exit, parse_set, prog, quiet_logs
-from fedapp.config import ConfigError
+from fedapp.options import ConfigError
 
 DEFAULT_SETTINGS = ["100:0.01:32:minibatch", "100:0.05:1", "200:0.05:1", "400:0.05:1"]
 SAMPLERS = {  # name -> Prior.sample keywords: the previous default, the new one, each without and with Z

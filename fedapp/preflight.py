@@ -14,8 +14,9 @@ import tempfile
 from pathlib import Path
 from typing import Any, Mapping
 
-from fedapp.config import AUTO, ConfigError, RunConfig, check_data
+from fedapp.config import RunConfig, check_data
 from fedapp.geometry import uses_prior
+from fedapp.options import AUTO, ConfigError
 
 BUILTIN_MODELS = ("cnn", "cnn-gap", "resnet10", "resnet18")  # fedapp.models.classifier.CNNS, RESNET_DEPTHS
 

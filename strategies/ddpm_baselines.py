@@ -83,7 +83,7 @@ class FedAvgDDPMStrategy(FedappStrategy, FedAvg):
         self._dtypes: dict[str, str] = {}
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        max_bytes = self.run.cfg.max_upload_mb * 2**20
+        max_bytes = self.run.cfg.max_upload_bytes
         valid = keep_valid(self.run, replies, self.phase,
                            lambda c: P.validate_fedavg_train(c, self._expected, max_bytes, self._dtypes))
         return super().aggregate_train(server_round, valid)

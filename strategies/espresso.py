@@ -212,7 +212,7 @@ class EspressoStrategy(OneShotStrategy):
         with run.phase("prior", f"load {cfg.prior}"):
             self.prior = load_or_build_prior(cfg.prior, cfg.dataset, run.device)
         check = dict(opts=self.opts, num_classes=server.info.num_classes, cond_shape=self.prior.cond_shape,
-                     latent_dim=int(torch.tensor(self.prior.latent_shape).prod()), max_bytes=cfg.max_upload_mb * 2**20)
+                     latent_dim=int(torch.tensor(self.prior.latent_shape).prod()), max_bytes=cfg.max_upload_bytes)
         self.collect_uploads(grid, nodes, lambda c: P.validate_upload(c, **check))
 
         with run.phase("synthesis", f"{self.num_synthetic()} images for {len(self.uploads)} clients"):

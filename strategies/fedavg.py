@@ -82,7 +82,7 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
 
     def aggregate_train(self, server_round: int, replies: Iterable[Message]):
         """The valid uploads only (the gate: fedapp.server.validation), aggregated as `aggregation` says."""
-        max_bytes = self.run.cfg.max_upload_mb * 2**20
+        max_bytes = self.run.cfg.max_upload_bytes
         valid = keep_valid(self.run, replies, self.train_phase,
                            lambda c: P.validate_train(c, self._expected, max_bytes, self._dtypes))
         self.on_valid_train(valid)

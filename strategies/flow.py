@@ -18,7 +18,7 @@ from typing import Any, Callable, Iterator
 import torch
 from flwr.app import ArrayRecord, Message, RecordDict
 
-from fedapp.config import ConfigError
+from fedapp.options import ConfigError
 from fedapp.images import save_pair_grid
 from fedapp.models.compose import build_velocity, generate
 from fedapp.protocols import RUN_KEY
@@ -72,7 +72,7 @@ class FlowTask:
 
     def validate(self, content: RecordDict) -> str | None:
         """An expert upload (train, query.peer) against this run's velocity net."""
-        return P.validate_expert(content, self.expected, self.sizes, self.run.cfg.max_upload_mb * 2**20, self.dtypes)
+        return P.validate_expert(content, self.expected, self.sizes, self.run.cfg.max_upload_bytes, self.dtypes)
 
 
 class FlowEvaluation:

@@ -87,7 +87,7 @@ class PFDMStrategy(PhasedStrategy):
         t = time.time()
         ev = GenerationEval(run, len(nodes))
         run.phase_seconds["reference-classifier"] = time.time() - t
-        max_bytes = cfg.max_upload_mb * 2**20
+        max_bytes = cfg.max_upload_bytes
 
         # 1. private training + local-DP uploads
         replies = self.exchange(grid, P.TRAIN, nodes,

@@ -12,7 +12,7 @@ from flwr.app import ArrayRecord, RecordDict
 
 import fedapp
 from fedapp import registry
-from fedapp.config import opt
+from fedapp.options import opt
 from fedapp.data import all_client_shards
 from fedapp.protocols import Phase
 from fedapp.protocols.records import check_arrays, tensors_of

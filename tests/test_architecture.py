@@ -150,3 +150,19 @@ def test_no_code_path_pins_work_to_the_cpu():
             offenders[str(path.relative_to(ROOT))] = lines
     assert offenders == {}
     assert _hard_coded_cpu(ast.parse('f(x, device="cpu"); m.to("cpu"); g(device=d); h(x.cpu())')) == [1, 1]
+
+
+def test_options_is_the_ground_floor():
+    """fedapp/options.py imports nothing of the project: every layer can declare options without a loop;
+    the method protocols take `opt` and `ConfigError` from it, not from fedapp/config.py."""
+    graph = _graph()
+    assert graph["fedapp.options"] == set()
+    protocols = [m for m in graph if m.startswith("fedapp.protocols.")]
+    assert protocols and not any("fedapp.config" in graph[m] for m in protocols)
+
+
+def test_max_upload_bytes_is_the_megabytes_in_bytes():
+    from fedapp.config import all_defaults, parse_run_config
+
+    cfg = parse_run_config({**all_defaults(), "max-upload-mb": 1.5})
+    assert cfg.max_upload_bytes == 1572864 and isinstance(cfg.max_upload_bytes, int)

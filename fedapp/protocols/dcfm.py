@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from flwr.app import ConfigRecord, RecordDict
 
-from fedapp.config import ConfigError, opt
+from fedapp.options import ConfigError, opt
 import numpy as np
 
 from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY, Phase, ShardFacts

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from flwr.app import RecordDict
 
-from fedapp.config import AUTO, ConfigError, opt
+from fedapp.options import AUTO, ConfigError, opt
 from fedapp.models.prior.samplers import DEFAULT_GAMMA2, DEFAULT_ZIGZAG_T, SPACINGS, ZIGZAG_CONVENTIONS
 from fedapp.protocols import EVALUATE, METRICS_KEY, NUM_EXAMPLES_KEY, Phase, ShardFacts
 from fedapp.protocols.records import check_arrays, check_at_most, check_float, check_integer, tensors_of

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config import AUTO, ConfigError, opt
+from fedapp.options import AUTO, ConfigError, opt
 from fedapp.protocols import EVALUATE
 from fedapp.protocols.classify import train_phase
 

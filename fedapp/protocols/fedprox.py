@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from fedapp.config import opt
+from fedapp.options import opt
 from fedapp.protocols.classify import PHASES, TRAIN  # noqa: F401  (the same exchanges)
 
 NAMESPACE = "fedprox"
