@@ -34,8 +34,8 @@ def workdir(tmp_path):
 
 
 def test_every_experiment_is_listed():
-    assert available() == ["dcfm", "dcfm-toy", "espresso-ablation", "espresso-conditions", "feddifrc", "pfdm",
-                           "recipe"]
+    assert available() == ["dcfm", "dcfm-toy", "espresso-ablation", "espresso-conditions", "feddifrc",
+                           "feddifrc-budget", "pfdm", "recipe"]
 
 
 @pytest.mark.parametrize("name", available())

@@ -28,3 +28,20 @@ def test_table_has_every_factor_and_the_paired_difference_against_the_old_model(
     # last round: cnn 0.96 / 0.94 against cnn-gap 0.9 / 0.8 -> +6 and +14 points, both seeds favour the recipe
     assert "| mnist-5k iid | cnn | 55.0 ± 5.0 | 75.0 ± 5.0 | 90.0 ± 0.0 | 95.0 ± 1.0 | 95.0 ± 1.0 | +10.0 ± 4.0 (2/2) |" in text
     assert "| mnist-5k, no shift |" not in text and "| mnist-5k | 2 | 98.2 ± 0.3 | 98.2 ± 0.3 |" in text
+
+
+def test_feddifrc_budget_is_the_cheapest_setting_converged_on_every_seed():
+    """experiments/feddifrc_budget.py: a setting converges at the first round R where every seed's last-5 mean
+    moved < 1 point since R - 10; the budget is the cheapest converged setting in client epochs."""
+    from experiments.feddifrc_budget import converged_at, summary
+
+    flat = [0.9] * 30
+    rising = [0.5 + 0.01 * r for r in range(20)]  # +1 point a round: never converged
+    late = [0.5 + 0.02 * min(r, 10) for r in range(30)]  # flat from round 11; within 1 point from R = 24
+    assert converged_at([flat, flat]) == 15 and converged_at([rising]) is None
+    assert converged_at([late]) == 24 and converged_at([flat, late]) == 24
+    s = summary({"2": {"0": late, "1": late}, "5": {"0": flat, "1": flat}, "1": {"0": rising}})
+    e1, e2, e5 = (s["by_local_epochs"][k] for k in ("1", "2", "5"))
+    assert e1["converged_at_round"] is None and e1["client_epochs"] is None
+    assert e2["client_epochs"] == 2 * 24 and e5["client_epochs"] == 5 * 15
+    assert s["budget"] == {"local_epochs": 2, "rounds": 24}  # 48 client epochs against 75
