@@ -10,6 +10,7 @@ import logging
 import os
 import statistics
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 
@@ -75,6 +76,13 @@ def run(flat: dict[str, Any], num_clients: int, backend: str, reply_cache: Any =
     from fedapp.simulation import simulate_in_process
 
     return simulate_in_process(flat, num_clients, reply_cache=reply_cache)
+
+
+def accuracy_curve(summary: dict[str, Any]) -> list[float]:
+    """The server's global test accuracy after rounds 1..R of a round-based run (round 0 is the initial
+    model), from its metrics.jsonl."""
+    rows = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
+    return [r["accuracy"] for r in sorted(rows, key=lambda r: r["round"]) if r["round"] > 0]
 
 
 def kid_cell(row: dict[str, Any], key: str) -> str:

@@ -37,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from experiments.common import (BACKENDS, all_converged, check_configs, check_cpu_budget, classification_verdict,
+from experiments.common import (BACKENDS, accuracy_curve, all_converged, check_configs, check_cpu_budget, classification_verdict,
                                 count_text, paired_difference, paired_text, parse_set, prog, quiet_logs, run,
                                 verdict_mark)
 from fedapp.results import atomic_write_json
@@ -91,12 +91,6 @@ def cell_config(a: argparse.Namespace, seed: int, split: str, method: str) -> di
             "batch-size": a.batch_size, "seed": seed, "prior": a.prior, "min-clients": 2, "partitioner.per-class": 0,
             "device": "cpu", "out-dir": a.runs_dir, "run-name": f"{method}-{split}-s{seed}", **parse_set(a.set),
             **SPLITS[split], **METHODS[method][1]}
-
-
-def curve(summary: dict[str, Any]) -> list[float]:
-    """Global test accuracy after rounds 1..R (round 0 is the initial model)."""
-    rows = [json.loads(line) for line in (Path(summary["run_dir"]) / "metrics.jsonl").read_text().splitlines()]
-    return [r["accuracy"] for r in sorted(rows, key=lambda r: r["round"]) if r["round"] > 0]
 
 
 def cell_stats(curves: list[list[float]]) -> tuple[float, float]:
@@ -315,7 +309,7 @@ def main(argv: list[str]) -> None:
                 t0 = time.time()
                 flat = cell_config(a, seed, s, m)
                 summary = run(flat, a.clients, a.backend)
-                row = {"curve": curve(summary), "seconds": round(time.time() - t0, 1),
+                row = {"curve": accuracy_curve(summary), "seconds": round(time.time() - t0, 1),
                        "failures": len(summary.get("failures", []))}
                 row["verdict"] = classification_verdict(row["curve"])
                 row.update(run_compute(flat, summary, shard_sizes(flat, a.clients)) or {})

@@ -19,9 +19,9 @@ from typing import Any
 
 import numpy as np
 
-from experiments.common import (check_configs, check_cpu_budget, classification_verdict, prog, quiet_logs,
-                                run)
-from experiments.feddifrc import METHODS, SPLITS, curve
+from experiments.common import (accuracy_curve, check_configs, check_cpu_budget, classification_verdict,
+                                paired_difference, paired_text, prog, quiet_logs, run)
+from experiments.feddifrc import METHODS, SPLITS
 from fedapp.results import atomic_write_json
 
 CLIENTS = 10
@@ -44,7 +44,9 @@ def converged_at(curves: list[list[float]]) -> int | None:
 
 def summary(results: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
     """Per local-epochs setting: where it converged, the accuracy there (mean ± std over seeds), its cost in
-    client epochs; and the cheapest converged setting, the table's budget."""
+    client epochs, and its same-seed difference against the fewest local epochs measured at the last round
+    (points; experiments.common.paired_difference); and the cheapest converged setting, the table's budget."""
+    fewest = min(results, key=int, default=None)
     rows = {}
     for e, per_seed in results.items():
         curves = list(per_seed.values())
@@ -53,6 +55,10 @@ def summary(results: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
         rows[e] = {"converged_at_round": r, "rounds_run": min(map(len, curves)), "seeds": len(curves),
                    "accuracy_mean": float(np.mean(at)), "accuracy_std": float(np.std(at)),
                    "client_epochs": r * int(e) if r else None}
+        if e != fewest:
+            rows[e][f"last_round_vs_{fewest}_local_epochs"] = paired_difference(
+                {k: 100 * c[-1] for k, c in per_seed.items()},
+                {k: 100 * c[-1] for k, c in results[fewest].items()}, higher_is_better=True)
     done = {e: v for e, v in rows.items() if v["converged_at_round"]}
     best = min(done, key=lambda e: done[e]["client_epochs"]) if done else None
     budget = {"local_epochs": int(best), "rounds": done[best]["converged_at_round"]} if best else None
@@ -60,12 +66,13 @@ def summary(results: dict[str, dict[str, list[float]]]) -> dict[str, Any]:
 
 
 def table_text(s: dict[str, Any]) -> str:
-    lines = ["| local epochs | rounds run | converged at round | accuracy there (%) | client epochs (R × E) |",
-             "|---|---|---|---|---|"]
+    lines = ["| local epochs | rounds run | converged at round | accuracy there (%) | client epochs (R × E) | "
+             "last round − fewest local epochs, same seeds (points) |", "|---|---|---|---|---|---|"]
     for e, v in s["by_local_epochs"].items():
         r = v["converged_at_round"]
+        vs = next((paired_text(p) for k, p in v.items() if k.startswith("last_round_vs_")), "—")
         lines.append(f"| {e} | {v['rounds_run']} | {r or 'not converged'} | {100 * v['accuracy_mean']:.1f} ± "
-                     f"{100 * v['accuracy_std']:.1f} | {v['client_epochs'] or '—'} |")
+                     f"{100 * v['accuracy_std']:.1f} | {v['client_epochs'] or '—'} | {vs} |")
     b = s["budget"]
     lines.append("" if not b else f"\nbudget: {b['rounds']} rounds × {b['local_epochs']} local epochs")
     return "\n".join(lines)
@@ -127,7 +134,7 @@ def main(argv: list[str]) -> None:
             if str(seed) in cell:
                 continue
             t = time.time()
-            cell[str(seed)] = curve(run(config(e, a.rounds, seed, a.runs), CLIENTS, "inprocess"))
+            cell[str(seed)] = accuracy_curve(run(config(e, a.rounds, seed, a.runs), CLIENTS, "inprocess"))
             print(f"{e} local epochs, seed {seed}: last {100 * cell[str(seed)][-1]:.1f} % "
                   f"({time.time() - t:.0f} s)", flush=True)
             out.mkdir(parents=True, exist_ok=True)

@@ -26,7 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from experiments.common import check_configs, prog, quiet_logs, run
+from experiments.common import accuracy_curve, check_configs, prog, quiet_logs, run
 from fedapp.results import atomic_write_json
 
 STEPS = (25, 50, 100, 175)  # where the diagnosis reads test accuracy (175 steps = one epoch of the pool at batch 16)
@@ -159,9 +159,7 @@ def fed_config(name: str, model: str, seed: int, a: argparse.Namespace) -> dict[
 
 
 def federated(name: str, model: str, seed: int, a: argparse.Namespace) -> list[float]:
-    from experiments.feddifrc import curve
-
-    return curve(run(fed_config(name, model, seed, a), FEDERATED[name][1], "inprocess"))
+    return accuracy_curve(run(fed_config(name, model, seed, a), FEDERATED[name][1], "inprocess"))
 
 
 def checks(res: dict[str, Any]) -> dict[str, Any]:
@@ -184,6 +182,39 @@ def checks(res: dict[str, Any]) -> dict[str, Any]:
     }
 
 
+def verdicts(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Each cell's convergence verdict over its seeds (experiments.common.classification_verdict on every
+    seed's curve): the centralised epochs and the federated rounds. The federated runs stop at 10 rounds, so
+    their verdict is "too short": the recipe's bars are about early learning; where FedAvg converges at
+    alpha 0.5 is docs/feddifrc_budget.json."""
+    from experiments.common import all_converged, classification_verdict
+
+    return {part: {key: all_converged([classification_verdict(c) for c in per_seed.values()])
+                   for key, per_seed in res.get(part, {}).items()} for part in ("centralised", "federated")}
+
+
+def paired(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Same-seed differences in points (experiments.common.paired_difference): the recipe against cnn-gap per
+    federated setting at round 3 and at the last round; centralised, the shift against no shift at the end."""
+    from experiments.common import paired_difference
+
+    def at(per_seed: dict[str, list[float]], r: int) -> dict[str, float]:
+        return {k: 100 * c[r] for k, c in per_seed.items()}
+
+    fed, out = res.get("federated", {}), {}
+    for key, per_seed in fed.items():
+        name, model = key.rsplit("/", 1)
+        base = fed.get(f"{name}/cnn-gap")
+        if model != "cnn-gap" and base:
+            out[f"{name}: cnn - cnn-gap"] = {label: paired_difference(at(per_seed, r), at(base, r), True)
+                                             for label, r in (("round_3", 2), ("last_round", -1))}
+    central = res.get("centralised", {})
+    if all(k in central for k in CENTRAL_KEYS.values()):
+        out["centralised: shift - no shift"] = {"last_epoch": paired_difference(
+            at(central[CENTRAL_KEYS[2]], -1), at(central[CENTRAL_KEYS[0]], -1), True)}
+    return out
+
+
 def mean_std(values: list[float], scale: float = 100.0) -> str:
     return f"{scale * float(np.mean(values)):.1f} ± {scale * float(np.std(values)):.1f}"
 
@@ -191,7 +222,7 @@ def mean_std(values: list[float], scale: float = 100.0) -> str:
 def table_text(res: dict[str, Any]) -> str:
     """The markdown of docs/recipe.md: the diagnosis (accuracy % after STEPS steps), the centralised curve's end,
     FedAvg per round with the recipe's same-seed difference against cnn-gap (points, seeds favouring it)."""
-    from experiments.common import paired_difference, paired_text
+    from experiments.common import paired_text
 
     diag = res.get("diagnosis", {}).get("all", {})
     lines = ["| factor changed (one at a time) | " + " | ".join(f"{s} steps" for s in STEPS) + " |",
@@ -205,7 +236,7 @@ def table_text(res: dict[str, Any]) -> str:
         curves = list(per_seed.values())
         lines.append(f"| {name} | {len(curves[0])} | {mean_std([c[-1] for c in curves])} | "
                      f"{mean_std([max(c) for c in curves])} |")
-    fed = res.get("federated", {})
+    fed, pairs = res.get("federated", {}), paired(res)
     lines += ["", "| FedAvg | model | round 1 | round 2 | round 3 | round 5 | last round | last − cnn-gap, same seeds |",
               "|---|---|---|---|---|---|---|---|"]
     for key, per_seed in fed.items():
@@ -213,9 +244,7 @@ def table_text(res: dict[str, Any]) -> str:
         curves = list(per_seed.values())
         cols = [mean_std([c[r] for c in curves]) if min(map(len, curves)) > r else "—" for r in (0, 1, 2, 4)]
         cols.append(mean_std([c[-1] for c in curves]))
-        base = fed.get(f"{name}/cnn-gap", {})
-        vs = "—" if model == "cnn-gap" else paired_text(paired_difference(
-            {k: 100 * c[-1] for k, c in per_seed.items()}, {k: 100 * c[-1] for k, c in base.items()}, True))
+        vs = paired_text(pairs.get(f"{name}: cnn - cnn-gap", {}).get("last_round")) if model != "cnn-gap" else "—"
         lines.append(f"| {name} | {model} | " + " | ".join(cols) + f" | {vs} |")
     return "\n".join(lines)
 
@@ -308,7 +337,8 @@ def main(argv: list[str]) -> None:
 
     def save() -> None:
         out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(json_path, {"setup": setup, "results": res, "checks": checks(res)})
+        atomic_write_json(json_path, {"setup": setup, "results": res, "checks": checks(res),
+                                      "verdicts": verdicts(res), "paired": paired(res)})
 
     for seed in seeds:
         if "diagnosis" in parts:

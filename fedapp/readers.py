@@ -10,6 +10,7 @@ WARNING line. A reader never sees the images its accuracy is measured on.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import inspect
 import json
@@ -127,13 +128,18 @@ def reader_split(server):
     public part and the client pool). A reader is an evaluation instrument, like FID's Inception network,
     not part of any method; on the 750 public digits of mnist-5k alone it reads 94-96 % of the held-out
     digits (docs/recipe.md), under the 97 % a table needs."""
+    return _outside_test(server.info.name, server.public.x.shape[-1])
+
+
+@functools.lru_cache(maxsize=1)
+def _outside_test(dataset: str, size: int):
+    """Decoded once for the readers of one dataset (DCFM reads digit and colour off the same images); read only."""
     import numpy as np
 
     from feddata.sources import base_split, load_base
 
-    size = server.public.x.shape[-1]
-    parts = base_split(server.info.name, size)
-    return load_base(server.info.name, size).split(np.sort(np.concatenate([parts["public"], parts["pool"]])))
+    parts = base_split(dataset, size)
+    return load_base(dataset, size).split(np.sort(np.concatenate([parts["public"], parts["pool"]])))
 
 
 def server_reader(server, seed: int, attribute: str = LABEL, *, epochs: int, width: int = 32) -> Reader:

@@ -82,8 +82,8 @@ class FlowEvaluation:
         self.run, self.task, self.opts = run, task, task.opts
 
     def reference_classifiers(self) -> dict[str, Reader]:
-        """Readers (fedapp.readers) for digit and for colour, trained on the server's real public split
-        only, so that their accuracy on the real test images is held out.
+        """Readers (fedapp.readers) for digit and for colour, trained on the dataset's real images outside its
+        test split (fedapp.readers.reader_split), so that their accuracy on the real test images is held out.
         (Not Inception: Frechet distances below are on these classifiers' features.)"""
         s, seed, epochs = self.task.server, self.run.cfg.seed, self.opts.ref_epochs
         return {a: server_reader(s, seed + i, a, epochs=epochs) for i, a in enumerate(P.ATTRS)}

@@ -60,9 +60,9 @@ def sample_model(model: DDPM, n: int, num_classes: int, steps: int, seed: int):
 
 
 class GenerationEval:
-    """Scores generated samples for one run: a reference classifier (a fedapp.readers reader, SmallCNN on the
-    server's real public split) embeds real test images and samples; Frechet distance and KID per class group
-    (NOT Inception)."""
+    """Scores generated samples for one run: a reference classifier (a fedapp.readers reader: a SmallCNN trained
+    on the dataset's real images outside its test split) embeds real test images and samples; Frechet distance
+    and KID per class group (NOT Inception)."""
 
     def __init__(self, run, num_partitions: int):
         from fedapp.readers import server_reader
@@ -77,13 +77,12 @@ class GenerationEval:
                        "minority": meta.get("minority_classes", [])}
         self.reader = server_reader(self.server, cfg.seed, epochs=o.ref_epochs, width=16)
         self.ref = self.reader.model
-        self.ref_accuracy = self.reader.held_out_accuracy
 
     def reader_figures(self) -> dict[str, Any]:
         """The summary's reader figures (call once a run: an unreliable reader logs its warning here)."""
         from fedapp.readers import reader_metrics
 
-        return {"reference_accuracy": self.ref_accuracy, **reader_metrics([self.reader])}
+        return {"reference_accuracy": self.reader.held_out_accuracy, **reader_metrics([self.reader])}
 
     @torch.no_grad()
     def features(self, x: torch.Tensor) -> np.ndarray:

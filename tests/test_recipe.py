@@ -45,3 +45,26 @@ def test_feddifrc_budget_is_the_cheapest_setting_converged_on_every_seed():
     assert e1["converged_at_round"] is None and e1["client_epochs"] is None
     assert e2["client_epochs"] == 2 * 24 and e5["client_epochs"] == 5 * 15
     assert s["budget"] == {"local_epochs": 2, "rounds": 24}  # 48 client epochs against 75
+
+
+def test_recipe_json_carries_verdicts_and_same_seed_differences():
+    from experiments.recipe import paired, verdicts
+
+    res = results(0.8, chance_late=False)
+    v = verdicts(res)
+    iid = v["federated"]["mnist-5k iid/cnn"]
+    assert iid["reason"] == "too short" and not iid["converged"]
+    p = paired(res)
+    # round 3: cnn 0.9 / 0.9 against cnn-gap 0.5 / 0.4 -> +40 and +50 points
+    assert p["mnist-5k iid: cnn - cnn-gap"]["round_3"] == {"mean": 45.0, "std": 5.0, "n": 2, "favour": 2}
+    assert "mnist-5k a0.5: cnn - cnn-gap" not in p  # no cnn-gap runs to pair with
+    assert "centralised: shift - no shift" not in p  # only the shifted runs
+
+
+def test_feddifrc_budget_pairs_each_setting_with_the_fewest_local_epochs():
+    from experiments.feddifrc_budget import summary
+
+    s = summary({"2": {"0": [0.9] * 20, "1": [0.8] * 20}, "5": {"0": [0.95] * 20, "1": [0.78] * 20}})
+    assert "last_round_vs_2_local_epochs" not in s["by_local_epochs"]["2"]
+    vs = s["by_local_epochs"]["5"]["last_round_vs_2_local_epochs"]
+    assert vs["n"] == 2 and vs["favour"] == 1 and abs(vs["mean"] - 1.5) < 1e-9
