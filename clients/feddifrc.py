@@ -95,7 +95,7 @@ class FedDifRCLoss:
     running means of each term."""
 
     def __init__(self, targets: DiffusionTargets, lambda_tdcl: float, lambda_ndcr: float, tau: float,
-                 ndcr_form: str = "normalized-l2"):
+                 ndcr_form: str = "kl"):
         self.targets, self.lambda_tdcl, self.lambda_ndcr, self.tau = targets, lambda_tdcl, lambda_ndcr, tau
         self.ndcr_form = ndcr_form
         self.sums, self.n = {"tdcl": 0.0, "ndcr": 0.0}, 0

@@ -44,7 +44,7 @@ CASES = [
     ({"feddifrc.up-blocks": "a,b"}, "feddifrc.up-blocks='a,b': must be '' or comma-separated"),
     ({"feddifrc.pca-fit": "x"}, "feddifrc.pca-fit='x': must be one of 'public', 'client'"),
     ({"feddifrc.t": 1000}, "feddifrc.t=1000: must be <= 999"),
-    ({"feddifrc.ndcr-form": "l1"}, "feddifrc.ndcr-form='l1': must be one of 'normalized-l2', 'l2', 'kl'"),
+    ({"feddifrc.ndcr-form": "l1"}, "feddifrc.ndcr-form='l1': must be one of 'kl', 'normalized-l2', 'l2'"),
     ({"fraction-train": 1.5}, "fraction-train=1.5: must be <= 1.0"),
     ({"method": "espresso", "fraction-train": 0.5}, "fraction-train=0.5: method='espresso' trains every client"),
     ({"espresso.conditions": "x"}, "espresso.conditions='x': must be one of"),

@@ -279,7 +279,7 @@ def test_regulariser_acts_on_the_chosen_feature_of_the_forward_pass(prior_dir, f
     loss = reg(model, None, None, idx)
     emb = model.embed(ctx.shard.train.x[idx])
     z = emb if feature_on == "backbone" else model.project(emb)
-    want = fd.tdcl_loss(z, t.F[idx], t.pos[idx], 0.04) + fd.ndcr_loss(z, t.H[idx], "normalized-l2")
+    want = fd.tdcl_loss(z, t.F[idx], t.pos[idx], 0.04) + fd.ndcr_loss(z, t.H[idx], "kl")  # the default form
     assert loss.item() == pytest.approx(want.item(), rel=1e-5)
     loss.backward()
     assert model.base.features[0][0].weight.grad is not None
