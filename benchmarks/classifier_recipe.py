@@ -57,7 +57,7 @@ def main() -> None:
     a = p.parse_args()
     torch.set_num_threads(a.threads)
     params = {m: sum(t.numel() for t in build_classifier(m, 10).parameters()) for m in MODELS}
-    print(f"parameters: " + ", ".join(f"{m} {n:,}" for m, n in params.items()) + f"; {a.threads} threads")
+    print("parameters: " + ", ".join(f"{m} {n:,}" for m, n in params.items()) + f"; {a.threads} threads")
     print("| size | batch | cnn-gap img/s | cnn img/s | cnn / cnn-gap |\n|---|---|---|---|---|")
     for size in a.sizes:
         for batch in a.batches:

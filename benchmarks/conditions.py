@@ -1,6 +1,7 @@
 """Espresso's condition learning: the batched learner against the per-condition loop, same run, same draws.
 
-    python benchmarks/conditions.py [--classes 10] [--per-class 16] [--clusters 4] [--steps 20] [--batch 1] [--threads 1]
+    python benchmarks/conditions.py [--classes 10] [--per-class 16] [--clusters 4] [--steps 20]
+        [--batch 1] [--threads 1]
 
 A client like the default `flwr run .` (digit-styles, 16 images per class, J = 4: 40 conditions of ~4
 images) on the tiny prior's architecture with random weights (timing does not depend on the weights).
@@ -68,7 +69,8 @@ def main() -> None:
         print(f"{name:<34} {r:>9} {s / a.steps:>7.3f} {s:>9.2f}")
     print(f"loop / batched time ratio: {s_loop / s_batched:.2f}x; max |batched - loop| = {diff:.2e}")
     print(f"condition learning per client pass: new default (200 steps) ~{200 * s_batched / a.steps:.0f} s, "
-          f"before (100 steps of 32) ~{100 * s_mixed / a.steps:.0f} s, the loop at 200 steps ~{200 * s_loop / a.steps:.0f} s")
+          f"before (100 steps of 32) ~{100 * s_mixed / a.steps:.0f} s, "
+          f"the loop at 200 steps ~{200 * s_loop / a.steps:.0f} s")
 
 
 if __name__ == "__main__":

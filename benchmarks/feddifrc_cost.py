@@ -1,8 +1,9 @@
 """Wall-time cost per round of FedDifRC's regularisers (and MOON's) against plain FedAvg local training.
 
-    python benchmarks/feddifrc_cost.py [--clients 3] [--repeats 3] [--prior tiny] [--epochs 2]
+    python benchmarks/feddifrc_cost.py [--dataset mnist-5k] [--clients 3] [--repeats 3] [--prior tiny] [--epochs 2]
 
-For each of the first `--clients` clients of a digits Dirichlet(0.5) split over 10 clients, one
+For each of the first `--clients` clients of a Dirichlet(0.5) split over 10 clients (the FedDifRC table's
+dataset and local epochs by default), one
 round of local training (clients.classify.local_train, the loop every method shares) runs with
 each variant, interleaved variant by variant within a repeat so that the machine's changing load
 hits all alike; the table gives the median seconds per round (summed over the clients) and the
@@ -25,7 +26,8 @@ def main() -> None:
     p.add_argument("--clients", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--prior", default="tiny", help="tiny (the cached digits prior) or a prior folder")
+    p.add_argument("--dataset", default="mnist-5k")
+    p.add_argument("--prior", default="tiny", help="tiny (the dataset's cached tiny prior) or a prior folder")
     p.add_argument("--threads", type=int, default=1)
     a = p.parse_args()
     torch.set_num_threads(a.threads)
@@ -35,10 +37,10 @@ def main() -> None:
     from clients.classify import local_train
     from fedapp.client_context import ClientContext
     from fedapp.config import all_defaults, parse_run_config
-    from fedapp.models.classifier import build_classifier
+    from fedapp.models.classifier import build_classifier, feddifrc_classifier
 
-    flat = {**all_defaults(), "method": "feddifrc", "dataset": "digits", "prior": a.prior, "partitioner.name": "dirichlet",
-            "partitioner.per-class": 0,
+    flat = {**all_defaults(), "method": "feddifrc", "dataset": a.dataset, "prior": a.prior,
+            "partitioner.name": "dirichlet", "partitioner.per-class": 0,
             "partitioner.alpha": 0.5, "device": "cpu", "local-epochs": a.epochs}
     cfg = parse_run_config(flat)
     o = cfg.options
@@ -52,7 +54,7 @@ def main() -> None:
 
     torch.manual_seed(0)
     plain = build_classifier(cfg.model, 10)
-    proj = fd.build_model(cfg, 10)  # FedDifRC's model: z is the embedding (or a head, feddifrc.feature-on)
+    proj = feddifrc_classifier(cfg, 10)  # FedDifRC's model: z is the embedding (or a head, feddifrc.feature-on)
     proj_moon = build_classifier(cfg.model, 10, proj_dim=128)
     prev_moon = copy.deepcopy(proj_moon).eval().requires_grad_(False)
 
@@ -63,7 +65,8 @@ def main() -> None:
             "+TDCL only": (proj, fd.FedDifRCLoss(t, o.lambda_tdcl, 0.0, o.tau, o.ndcr_form)),
             "+NDCR only": (proj, fd.FedDifRCLoss(t, 0.0, o.lambda_ndcr, o.tau, o.ndcr_form)),
             "FedDifRC": (proj, fd.FedDifRCLoss(t, o.lambda_tdcl, o.lambda_ndcr, o.tau, o.ndcr_form)),
-            "MOON": (proj_moon, mn.MoonLoss(copy.deepcopy(proj_moon).eval().requires_grad_(False), prev_moon, 1.0, 0.5)),
+            "MOON": (proj_moon,
+                     mn.MoonLoss(copy.deepcopy(proj_moon).eval().requires_grad_(False), prev_moon, 1.0, 0.5)),
         }
 
     times: dict[str, list[float]] = {k: [] for k in variants(0)}
@@ -80,14 +83,19 @@ def main() -> None:
             times[name].append(total)
 
     base = statistics.median(times["FedAvg"])
-    print(f"digits dirichlet(0.5), {a.clients} clients ({n_img} images), {a.epochs} local epochs, batch {cfg.batch_size}, "
+    print(f"{a.dataset} dirichlet(0.5), {a.clients} clients ({n_img} images), {a.epochs} local epochs, "
+          f"batch {cfg.batch_size}, "
           f"{a.threads} thread(s), median of {a.repeats} interleaved repeats")
     print("| variant | s / round (all clients) | ratio to FedAvg |\n|---|---|---|")
     for name, ts in times.items():
         med = statistics.median(ts)
         print(f"| {name} | {med:.2f} | {med / base:.2f}x |")
-    print(f"\nOne-off diffusion representations (t={o.t}, {o.pca_dims} PCA dims x {o.projection_dim // o.pca_dims} "
-          f"blocks, {10 + 1} prompts per image): {feat_s:.1f} s for {n_img} images = {feat_s / max(base, 1e-9):.1f} "
+    from fedapp.models.classifier import embedding_dim
+    from fedapp.protocols.feddifrc import num_up_blocks
+
+    dims = o.target_dims(num_up_blocks(cfg), embedding_dim(cfg.model))
+    print(f"\nOne-off diffusion representations (t={o.t}, PCA dims {'/'.join(map(str, dims))} over {len(dims)} "
+          f"up-blocks, {10 + 1} prompts per image): {feat_s:.1f} s for {n_img} images = {feat_s / max(base, 1e-9):.1f} "
           f"FedAvg rounds; cached: {cache} bytes ({cache / n_img:.0f} bytes per image)")
 
 

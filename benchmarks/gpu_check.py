@@ -63,8 +63,9 @@ class GpuMemoryPoller(threading.Thread):
     def run(self) -> None:
         while not self.stop.is_set():
             try:
-                out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
-                                     capture_output=True, text=True, timeout=10).stdout
+                out = subprocess.run(
+                    ["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                    capture_output=True, text=True, timeout=10).stdout
             except (OSError, subprocess.TimeoutExpired):
                 return
             for line in out.strip().splitlines():
@@ -74,7 +75,8 @@ class GpuMemoryPoller(threading.Thread):
 
 
 def main(argv: list[str] | None = None) -> dict:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu for a dry run of the script")
     ap.add_argument("--image-size", type=int, default=64, help="pixels per side of the SD-layout prior (64: 8x VAE)")
     ap.add_argument("--clients", type=int, default=4)
@@ -82,7 +84,7 @@ def main(argv: list[str] | None = None) -> dict:
     ap.add_argument("--per-class", type=int, default=16, help="training images per class per client")
     ap.add_argument("--batch", type=int, default=64, help="images in the timed sampler batch")
     ap.add_argument("--steps", type=int, default=25, help="DDIM steps of the timed sampler batch")
-    ap.add_argument("--out", default="docs/gpu_check.json")
+    ap.add_argument("--out", default="docs/results/gpu_check.json")
     a = ap.parse_args(argv)
 
     import torch
@@ -104,8 +106,8 @@ def main(argv: list[str] | None = None) -> dict:
         gpus = a.gpus_per_client if a.device.startswith("cuda") else 0.0
         t0 = time.time()
         summary = fedapp.simulate(
-            {"method": "espresso", "prior": str(work / "prior"), "device": a.device, "partitioner.per-class": a.per_class,
-             "min-clients": a.clients, "out-dir": str(work / "runs")},
+            {"method": "espresso", "prior": str(work / "prior"), "device": a.device,
+             "partitioner.per-class": a.per_class, "min-clients": a.clients, "out-dir": str(work / "runs")},
             num_clients=a.clients, backend={"client_resources": {"num_cpus": 1, "num_gpus": gpus}})
         wall = time.time() - t0
         poller.stop.set()

@@ -84,7 +84,8 @@ def main() -> None:
             bound = sum(per_rows[c] for c in calls if c in per_rows)
             rows[sampler] = (out.unet_evals, seconds)
             print(f"{batch:>5} {sampler:>7} {out.unet_evals:>5} {len(calls):>5} {s_b:>8.4f} {s_2b:>9.4f} {bound:>8.2f} "
-                  f"{seconds:>7.2f} {100 * (seconds / bound - 1):>7.1f}% {batch / seconds:>7.1f} {batch / bound:>11.1f}")
+                  f"{seconds:>7.2f} {100 * (seconds / bound - 1):>7.1f}% "
+                  f"{batch / seconds:>7.1f} {batch / bound:>11.1f}")
         (e_d, t_d), (e_z, t_z) = rows["ddim"], rows["zigzag"]
         print(f"{batch:>5} Z/DDIM  time ratio {t_z / t_d:.3f}  vs evaluation ratio {e_z / e_d:.3f}")
     print("evals: per-sample UNet evaluations (a guided pair counts 2); bound: sum of measured per-call seconds "

@@ -209,24 +209,32 @@ def print_table(rows: list[dict], args) -> None:
     head = ["method", "N", "start-up s", "round 1 s", "s / round", "× 10 clients", "peak RSS MB", "× 10",
             "actor peak MB", "actors", "note"]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-    base = {r["method"]: r for r in rows if r["clients"] == min(x["clients"] for x in rows if x["method"] == r["method"])}
+    base = {r["method"]: r for r in rows
+            if r["clients"] == min(x["clients"] for x in rows if x["method"] == r["method"])}
     for r in rows:
         b = base[r["method"]]
         ratio = r["per_round"] / b["per_round"] if r["per_round"] and b["per_round"] else None
         mem = r["peak_tree_mb"] / b["peak_tree_mb"] if b["peak_tree_mb"] else None
         if r["method"] in ROUND_BASED:
             asked = r["eval_asked"] or "-"
-            note = f"train {fmt(after_round1(r['trains']), '.2f')} s + evaluate {asked} {fmt(after_round1(r['evals']), '.2f')} s"
+            note = (f"train {fmt(after_round1(r['trains']), '.2f')} s + "
+                    f"evaluate {asked} {fmt(after_round1(r['evals']), '.2f')} s")
         else:
             p = r.get("phases", {})
-            note = (f"train {fmt(r['replies'].get('train', (0, 0, None))[2])} s, synthesis {fmt(p.get('synthesis'))} s, "
-                    f"server training {fmt(p.get('classifier'))} s, evaluate {fmt(r['replies'].get('evaluate', (0, 0, None))[2])} s")
+            note = (f"train {fmt(r['replies'].get('train', (0, 0, None))[2])} s, "
+                    f"synthesis {fmt(p.get('synthesis'))} s, "
+                    f"server training {fmt(p.get('classifier'))} s, "
+                    f"evaluate {fmt(r['replies'].get('evaluate', (0, 0, None))[2])} s")
         if "where" in r:
             w = r["where"]
-            note = (f"{'STOPPED at ' + fmt(r['wall'], '.0f') + ' s' if r['stopped'] else 'FAILED (exit ' + str(r['exit']) + ')'}"
-                    f": {w['clients_finished']}/{r['clients']} clients done; last server line: {w['last_server_line']!r}"
+            status = ('STOPPED at ' + fmt(r['wall'], '.0f') + ' s' if r['stopped']
+                      else 'FAILED (exit ' + str(r['exit']) + ')')
+            note = (f"{status}"
+                    f": {w['clients_finished']}/{r['clients']} clients done; "
+                    f"last server line: {w['last_server_line']!r}"
                     + (f"; {w['error']}" if w["error"] else ""))
-        print(f"| {r['method']} | {r['clients']} | {fmt(r['startup'])} | {fmt(r.get('round1'))} | {fmt(r['per_round'], '.2f')} "
+        print(f"| {r['method']} | {r['clients']} | {fmt(r['startup'])} | {fmt(r.get('round1'))} "
+              f"| {fmt(r['per_round'], '.2f')} "
               f"| {fmt(ratio, '.2f')} | {r['peak_tree_mb']:.0f} | {fmt(mem, '.2f')} | {r['peak_actor_mb']:.0f} "
               f"| {r['actors']} | {note} |")
 

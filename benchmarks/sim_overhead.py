@@ -123,12 +123,14 @@ def main() -> None:
         per_round = (t2 - t1) / (r2 - r1)
         rows[name] = (t1 - r1 * per_round, per_round)
     base_start, base_round = rows["in-process loop"]
-    print(f"\nFedAvg, digits (per-class {args.per_class}), {args.clients} clients, rounds {r1} and {r2}, torch threads {torch.get_num_threads()}")
+    print(f"\nFedAvg, digits (per-class {args.per_class}), {args.clients} clients, rounds {r1} and {r2}, "
+          f"torch threads {torch.get_num_threads()}")
     print(f"{'runner':<24}{'start-up s':>12}{'s / round':>12}{'start-up ×':>12}{'round ×':>10}")
     for name, (start, rnd) in rows.items():
         print(f"{name:<24}{start:>12.2f}{rnd:>12.2f}{start / max(base_start, 1e-3):>12.1f}{rnd / base_round:>10.2f}")
     (p_start, p_round), (f_start, f_round) = rows["plain Flower (Ray)"], rows["fedapp.simulate (Ray)"]
-    print(f"\nfedapp over plain Flower: start-up {f_start / max(p_start, 1e-3):.2f}x, per round {f_round / p_round:.2f}x "
+    print(f"\nfedapp over plain Flower: start-up {f_start / max(p_start, 1e-3):.2f}x, "
+          f"per round {f_round / p_round:.2f}x "
           f"({f_round - p_round:+.2f} s/round)")
     print(f"fedapp.simulate over client compute (the in-process loop): {f_round - base_round:+.2f} s/round = "
           f"{(f_round - base_round) / base_round:+.0%} of {base_round:.2f} s (goal: <= +10%)")

@@ -6,7 +6,7 @@ For each method's backbone (PFDM's DDPM UNet, DCFM's velocity UNet, Espresso's t
 one training step (forward + backward at the tables' batch) or one guided sampler call (Espresso: a UNet
 call on 2 x 64 rows), at the size its table was measured on and at 28 px, interleaved in one process
 (median of --repeats), and prints the ratio. It then scales the wall time each 8/16 px table recorded in
-docs/ by that ratio: a projection, not a measurement (fixed costs such as Ray start-up, data loading and
+docs/results/ by that ratio: a projection, not a measurement (fixed costs such as Ray start-up, data loading and
 the reference classifiers do not grow with the image, so it errs high where they dominate).
 """
 
@@ -75,14 +75,14 @@ def seconds(fn, repeats: int) -> float:
 
 
 def recorded_wall(name: str) -> tuple[float, str]:
-    """Seconds of run time the small-image table in docs/ recorded, and what it covers."""
-    docs = ROOT / "docs"
+    """Seconds of run time the small-image table in docs/results/ recorded, and what it covers."""
+    docs = ROOT / "docs" / "results"
     if name == "pfdm":
         d = json.loads((docs / "pfdm.json").read_text())
-        return sum(r["wall_seconds"] for r in d["runs"]), f"{len(d['runs'])} runs of docs/pfdm.json"
+        return sum(r["wall_seconds"] for r in d["runs"]), f"{len(d['runs'])} runs of docs/results/pfdm.json"
     if name == "dcfm":
         d = json.loads((docs / "dcfm.json").read_text())
-        return sum(r["seconds"] for r in d["rows"]), f"{len(d['rows'])} runs of docs/dcfm.json (one seed)"
+        return sum(r["seconds"] for r in d["rows"]), f"{len(d['rows'])} runs of docs/results/dcfm.json (one seed)"
     return 46 * 60 / 3, "one seed of the espresso ablation (docs/espresso.md: 46 min for 3 seeds)"
 
 
@@ -98,7 +98,8 @@ def main() -> None:
     a = ap.parse_args()
     torch.set_num_threads(a.threads)
     torch.manual_seed(0)
-    print("| method | backbone | s at the table's size | s at 28 px | ratio | table's recorded run time | projected at 28 px |")
+    print("| method | backbone | s at the table's size | s at 28 px | ratio | table's recorded run time "
+          "| projected at 28 px |")
     print("|---|---|---|---|---|---|---|")
     for name, (build, small, what) in BACKBONES.items():
         s_small, s_28 = seconds(build(small), a.repeats), seconds(build(28), a.repeats)

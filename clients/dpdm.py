@@ -50,7 +50,10 @@ def train_ddpm_dpsgd(model: DDPM, x: torch.Tensor, y: torch.Tensor, *, steps: in
             opt.zero_grad(set_to_none=True)
             if len(xb):
                 loss = model.loss(xb.to(device), yb.to(device), generator=g)
-                loss.backward()
+                with warnings.catch_warnings():  # Opacus hooks every layer, also those whose inputs (noisy
+                    # image, timestep, label) need no gradient; its hook reads only the output gradient
+                    warnings.filterwarnings("ignore", message="Full backward hook is firing when gradients")
+                    loss.backward()
                 tail.add(step, loss)
             else:  # an empty Poisson batch still takes a pure-noise step: no per-sample gradients, as Opacus' own
                 for p in gsm.parameters():

@@ -7,7 +7,8 @@ For each class y of client k (paper symbols):
 2. fine-grained condition learning, one condition c^j_{k,y} per cluster: a whole cross-attention
    sequence (L x D) fed to the UNet directly (no text encoder), initialised from the class prompt's
    encoding, minimising with the prior frozen
-       Eq. (8)   E_{t, x in D^j_{k,y}, eps} || eps - eps_theta(sqrt(abar_t) E(x) + sqrt(1-abar_t) eps, t, c^j_{k,y}) ||^2
+       Eq. (8)   E_{t, x in D^j_{k,y}, eps}
+                     || eps - eps_theta(sqrt(abar_t) E(x) + sqrt(1-abar_t) eps, t, c^j_{k,y}) ||^2
 3. GMM of the initial noise p(z^T_{k,y}): MixUp pairs of the class's latents z^0_{k,y,mix}, forward-
    diffuse each several times z^T = sqrt(abar_T) z^0_mix + sqrt(1-abar_T) eps, fit a diagonal GMM
    {w^{T,m}_{k,y}, mu^{T,m}_{k,y}, Sigma^{T,m}_{k,y}}_{m=1..M}.
@@ -219,13 +220,13 @@ def espresso_upload(prior, x: torch.Tensor, y: torch.Tensor, *, num_classes: int
     """Everything client k uploads, from its training images x (N, 3, H, W) in [-1, 1] and labels y.
 
     opts carries the espresso.* switches (conditions, clusters, embed_*, init, gmm_components,
-    mixup_*, diffusions_per_latent, steps, features). Keys: class_counts (K,); with learned
+    mixup_*, diffusions_per_latent, steps, features). Keys (P.ARRAY_NAMES): class_counts (K,); with learned
     conditions embeddings (E, L, D), embedding_class (E,), cluster_sizes (E,); with init=gmm
     gmm_class (G,), gmm_weights (G, M), gmm_means (G, M, dim), gmm_variances (G, M, dim)."""
     y = y.long()
     counts = torch.bincount(y, minlength=num_classes)
     classes = [int(c) for c in torch.nonzero(counts).flatten()]
-    out: dict[str, torch.Tensor] = {"class_counts": counts}
+    out: dict[str, torch.Tensor] = {P.CLASS_COUNTS: counts}
     if not P.needs_prior(opts):
         return out
     z0 = prior.encode_images(x).float().cpu()  # E(x)
@@ -234,18 +235,18 @@ def espresso_upload(prior, x: torch.Tensor, y: torch.Tensor, *, num_classes: int
         clusters = opts.clusters if opts.conditions == "cluster" else 1
         owner, cond_class = assign_conditions(y, feats, classes, clusters)
         init = prior.encode_prompts([prompts[c] for c in cond_class.tolist()]).float().cpu()
-        out["embeddings"] = learn_conditions(prior, z0, owner, init, steps=opts.embed_steps, lr=opts.embed_lr,
+        out[P.EMBEDDINGS] = learn_conditions(prior, z0, owner, init, steps=opts.embed_steps, lr=opts.embed_lr,
                                              batch=opts.embed_batch, seed=seed + 1)
-        out["embedding_class"] = cond_class
-        out["cluster_sizes"] = torch.bincount(owner, minlength=len(cond_class))
+        out[P.EMBEDDING_CLASS] = cond_class
+        out[P.CLUSTER_SIZES] = torch.bincount(owner, minlength=len(cond_class))
     if opts.init == "gmm":
         t_T = start_timestep(prior, opts.steps, opts.spacing)  # exactly where the server's sampler starts
         fits = [class_noise_gmm(prior, z0[y == c], t_T=t_T, pairs=opts.mixup_pairs, alpha=opts.mixup_alpha,
                                 times=opts.diffusions_per_latent, components=opts.gmm_components,
                                 seed=seed + 2 + c) for c in track(classes, "noise GMMs")]
-        out["gmm_class"] = torch.tensor(classes, dtype=torch.long)
-        for name in ("weights", "means", "variances"):
-            out[f"gmm_{name}"] = torch.stack([f[name] for f in fits])
+        out[P.GMM_CLASS] = torch.tensor(classes, dtype=torch.long)
+        for key, name in ((P.GMM_WEIGHTS, "weights"), (P.GMM_MEANS, "means"), (P.GMM_VARIANCES, "variances")):
+            out[key] = torch.stack([f[name] for f in fits])  # class_noise_gmm's fit -> the upload's array
     return out
 
 
@@ -279,7 +280,7 @@ def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
                          prompts=class_prompts(cfg.dataset, shard.info.class_names), opts=opts,
                          seed=ctx.seed_for(0))
     metrics = MetricRecord({NUM_EXAMPLES_KEY: len(shard.train), P.CLIENT_SECONDS: time.time() - t0,
-                            P.NUM_CONDITIONS: int(len(up.get("embedding_class", [])))})
+                            P.NUM_CONDITIONS: int(len(up.get(P.EMBEDDING_CLASS, [])))})
     return RecordDict({P.UPLOAD_KEY: ArrayRecord(up), METRICS_KEY: metrics})
 
 

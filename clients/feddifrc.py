@@ -30,10 +30,10 @@ from torch.nn import functional as F
 from clients import feddifrc_targets as T
 from clients.classify import evaluate_reply, local_train, round_of, train_reply
 from fedapp.client_context import ClientContext
+from fedapp.models.classifier import feddifrc_classifier
 from fedapp.progress import track
 from fedapp.protocols import ARRAYS_KEY, EVALUATE
-from fedapp.protocols.feddifrc import (CACHE_BYTES, FEATURE_SECONDS, STATE_TARGETS, STATE_TARGETS_ID, TRAIN,
-                                      build_model, target_dims)
+from fedapp.protocols.feddifrc import CACHE_BYTES, FEATURE_SECONDS, STATE_TARGETS, STATE_TARGETS_ID, TRAIN, target_dims
 from fedapp.seeds import derive_seed
 
 _CACHE: dict[str, "DiffusionTargets"] = {}  # process memory: cache key -> targets
@@ -62,7 +62,8 @@ class DiffusionTargets:
         return sum(t.element_size() * t.nelement() for t in (self.F, self.pos, self.H))
 
     def to_arrays(self) -> dict[str, torch.Tensor]:
-        return {"F": self.F, "pos": self.pos, "H": self.H, **{f"basis.{k}": v for k, v in self.basis.to_arrays().items()}}
+        return {"F": self.F, "pos": self.pos, "H": self.H,
+                **{f"basis.{k}": v for k, v in self.basis.to_arrays().items()}}
 
     @classmethod
     def from_arrays(cls, a: dict[str, torch.Tensor], pool: str) -> "DiffusionTargets":
@@ -228,7 +229,7 @@ def dynamic_targets(ctx: ClientContext, targets: DiffusionTargets, model: nn.Mod
 
 # ---- handlers ------------------------------------------------------------------------------------
 def model_from_message(msg: Message, ctx: ClientContext) -> nn.Module:
-    model = build_model(ctx.cfg, ctx.shard.info.num_classes)
+    model = feddifrc_classifier(ctx.cfg, ctx.shard.info.num_classes)
     model.load_state_dict(msg.content.array_records[ARRAYS_KEY].to_torch_state_dict())
     return model
 

@@ -18,11 +18,10 @@ import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedapp.client_context import ClientContext
-from fedapp.models.ddpm import DDPM, build_ddpm, train_ddpm
+from fedapp.models.ddpm import DDPM, build_ddpm, shared_sample, train_ddpm
 from fedapp.privacy import clip_norm, privatize, resolve_t0
 from fedapp.protocols import METRICS_KEY, NUM_EXAMPLES_KEY
 from fedapp.protocols import pfdm as P
-from fedapp.protocols.pfdm import shared_sample
 
 UNCLIPPED, CLIPPED = 0, 1   # values of the auxiliary flag
 

@@ -2,7 +2,7 @@
 and composition accuracy, seen vs novel (digit, colour) pairs, IID vs non-IID, for fedflow, ddm,
 local-only-flow, DCFM-A and DCFM-B.
 
-    python -m experiments dcfm [--clients 5] [--seeds 0,1,2] [--quick] [--out docs]
+    python -m experiments dcfm [--clients 5] [--seeds 0,1,2] [--quick] [--out docs/results]
 
 Writes <out>/dcfm[_<dataset>].json (one row per run, written after each run so an interrupted table resumes;
 the mean +- std over seeds per method and split) and <out>/dcfm[_<dataset>]_grid.png (DCFM-B, non-IID, first
@@ -137,7 +137,8 @@ def table(rows: list[dict], compute: dict[str, dict] | None = None, verdicts: di
     lines = [head, "-" * len(head)]
     for r in rows:
         c = compute.get(r["method"], {})
-        lines.append(f"{r['method']:<16}{r['split']:<9}{r.get('seed', 0):>5}{r['seen_distance']:>9.2f}{r['novel_distance']:>10.2f}"
+        lines.append(f"{r['method']:<16}{r['split']:<9}{r.get('seed', 0):>5}"
+                     f"{r['seen_distance']:>9.2f}{r['novel_distance']:>10.2f}"
                      f"{kid_cell(r, 'seen_kid'):>16}{kid_cell(r, 'novel_kid'):>16}"
                      f"{r['seen_composition_accuracy']:>10.3f}{r['novel_composition_accuracy']:>10.3f}"
                      f"{r['model_transfers_per_client']:>11.2f}{count_text(c.get('steps')):>9}"
@@ -189,7 +190,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--image-size", type=int, default=0, help="0: the table's setting (8)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="run-config overrides on top of the table's settings (e.g. dcfm.local-steps=200)")
-    p.add_argument("--out", default="docs", help="folder for dcfm[_<dataset>].json and its grid")
+    p.add_argument("--out", default="docs/results", help="folder for dcfm[_<dataset>].json and its grid")
     p.add_argument("--runs", default="runs/dcfm-table", help="folder of the runs' own folders")
     p.add_argument("--backend", choices=BACKENDS, default="inprocess",
                    help="inprocess: fedapp.simulation.simulate_in_process (no Ray start-up); ray: fedapp.simulate")

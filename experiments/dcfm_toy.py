@@ -1,7 +1,7 @@
 """The DCFM paper's 2-D toy: a Gaussian mixture with a horizontal (left/right) and a vertical (down/up)
 attribute, two clients, and the pair (right, up) on no client.
 
-    python -m experiments dcfm-toy [--seeds 5] [--sweep 1,3,10,30 --sweep-seeds 3] [--out docs]
+    python -m experiments dcfm-toy [--seeds 5] [--sweep 1,3,10,30 --sweep-seeds 3] [--out docs/results]
         # -> <out>/dcfm_toy.png, <out>/dcfm_toy.json
 
 Client 0 holds (left, down) and (left, up); client 1 holds (left, down) and (right, down). Each method
@@ -10,7 +10,7 @@ samples within distance 1 of the missing mode's centre (2, 2), per seed and as m
 DCFM-A and -B at each lambda first (same seeds). lambda, the masks pi, routes per batch and route masking
 default to the run config's (fedapp/protocols/dcfm.py), so the toy measures the defaults a run uses.
 Not a federated run: a 2-D toy that calls the same math as the image experiment (clients/dcfm.py's expert
-training, the server's replay buffer and student distillation, DDM's router) on the MLP VelocityNet.
+training, the server's replay buffer and student distillation, DDM's router) on the MLP VectorVelocityNet.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import torch
 
 from clients.dcfm import train_expert
 from fedapp.models.compose import NULL, composite_field, generate, joint_field, mixture_composite
-from fedapp.models.flow import VelocityNet, sample_path
+from fedapp.models.flow import VectorVelocityNet, sample_path
 from fedapp.protocols.dcfm import DcfmOptions
 from experiments.common import check_cpu_budget, prog
 from fedapp.results import atomic_write_json
@@ -49,9 +49,9 @@ def toy_data(pairs, n: int, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
     return centre + SIGMA * torch.randn(len(y), 2, generator=g), y
 
 
-def toy_net(seed: int) -> VelocityNet:
+def toy_net(seed: int) -> VectorVelocityNet:
     torch.manual_seed(seed)
-    return VelocityNet(dim=2, attribute_sizes=[2, 2], hidden=128, layers=3)
+    return VectorVelocityNet(dim=2, attribute_sizes=[2, 2], hidden=128, layers=3)
 
 
 def counts_of(y: torch.Tensor) -> torch.Tensor:
@@ -244,7 +244,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sweep", type=floats, default=[], help="lambdas to run DCFM-A and -B at first, e.g. 1,3,10,30")
     p.add_argument("--sweep-seeds", type=positive, default=3, help="seeds 0..N-1 of the sweep")
     p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {','.join(METHODS)}")
-    p.add_argument("--out", default="docs", help="folder for dcfm_toy.png and dcfm_toy.json")
+    p.add_argument("--out", default="docs/results", help="folder for dcfm_toy.png and dcfm_toy.json")
     p.add_argument("--threads", type=positive, default=1, help="torch threads")
     a = p.parse_args(argv)
     check_cpu_budget(1, a.threads)
@@ -271,7 +271,8 @@ def main(argv: list[str]) -> None:
     sweep = {}
     for lam in a.sweep:
         sweep[str(lam)], _ = over_seeds(list(range(a.sweep_seeds)), ("dcfm-a", "dcfm-b"), lambda_ci=lam, **settings)
-        print(f"lambda {lam}: " + ", ".join(f"{k} {v['mean']:.3f} ± {v['std']:.3f}" for k, v in sweep[str(lam)].items()),
+        print(f"lambda {lam}: "
+              + ", ".join(f"{k} {v['mean']:.3f} ± {v['std']:.3f}" for k, v in sweep[str(lam)].items()),
               flush=True)
     table, first = over_seeds(seeds, a.methods, lambda_ci=a.lambda_ci, **settings)
     out = Path(a.out)

@@ -2,7 +2,7 @@
 Prompts-only, class-embed (FedDEO-like, extra row), C, C+G, C+Z, C+G+Z and the centralized ceiling,
 over several seeds; prints the paper-style table (per-domain and average accuracy, mean ± std),
 writes <out>/espresso_ablation.json, <out>/espresso_ablation.png and <out>/espresso_synthetic_<domain>.png
-(--out defaults to docs).
+(--out defaults to docs/results).
 
     python -m experiments espresso-ablation [--seeds 0 1 2] [--set espresso.steps=10 ...]
     # issue 15's settings: real 28 px digits, a prior that has seen photo only, label skew in one domain
@@ -16,7 +16,7 @@ process): Prompts-only = method `prompts`, class-embed = `class-embed`, C / C+G 
 `espresso` with espresso.init gaussian|gmm and espresso.sampler ddim|zigzag, Ceiling = `centralized`
 (an oracle on the union of the clients' real shards) trained for server-epochs x ratio epochs so that
 it sees as many minibatches as a synthetic row. The rows of a seed share one ReplyCache: the sampler
-only changes the server side (espresso.SERVER_ONLY_KEYS), so C+Z reuses C's client replies and C+G+Z
+only changes the server side (its MethodSpec.server_only_keys), so C+Z reuses C's client replies and C+G+Z
 reuses C+G's. Accuracies come from each run's summary.json; the fidelity readers (--fidelity) and the
 image grids read the synthetic set each run writes (espresso.save-synthetic: synthetic.safetensors).
 """
@@ -292,7 +292,8 @@ def image_grids(images: dict, num_classes: int, out: Path, panels=("Prompts-only
 
     written = []
     for domain, (xr, yr) in images["real"].items():
-        shown = [("real (client's data)", xr, yr)] + [(p, *images[(p, domain)]) for p in panels if (p, domain) in images]
+        shown = [("real (client's data)", xr, yr)] + [(p, *images[(p, domain)]) for p in panels
+                                                       if (p, domain) in images]
         fig, axes = plt.subplots(1, len(shown), figsize=(2.6 * len(shown), 4.4))
         for ax, (title, x, y) in zip(np.atleast_1d(axes), shown):
             ax.imshow(grid(x, y), interpolation="nearest")
@@ -315,12 +316,13 @@ def main(argv: list[str]) -> None:
     p.add_argument("--rows", nargs="+", default=[n for n, _, _ in ROWS], choices=[n for n, _, _ in ROWS],
                    help="subset of rows")
     p.add_argument("--set", nargs="*", default=[], help="run-config overrides, e.g. espresso.steps=10 model=resnet18")
-    p.add_argument("--out", default="docs", help="folder for the JSON and PNGs")
+    p.add_argument("--out", default="docs/results", help="folder for the JSON and PNGs")
     p.add_argument("--runs", default="runs/espresso-ablation", help="folder of the runs' own folders")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--resume", action="store_true", help="skip seeds already in the JSON file")
     p.add_argument("--fidelity", action="store_true",
-                   help="also read the synthetic images with a class and a domain classifier trained on real public images")
+                   help="also read the synthetic images with a class and a domain classifier "
+                        "trained on real public images")
     p.add_argument("--reader-epochs", type=int, default=40, help="epochs of the --fidelity readers")
     p.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (use with --threads 1)")
     a = p.parse_args(argv)
@@ -372,4 +374,5 @@ def main(argv: list[str]) -> None:
     fid = fidelity_table(per_seed)
     if fid:
         print(f"\nread by classifiers trained on real public images (Ceiling row: the clients' real data)\n{fid}")
-    print(f"({time.time() - t_all:.0f} s; {path}, {out / 'espresso_ablation.png'}, {out}/espresso_synthetic_<domain>.png)")
+    print(f"({time.time() - t_all:.0f} s; {path}, {out / 'espresso_ablation.png'}, "
+          f"{out}/espresso_synthetic_<domain>.png)")

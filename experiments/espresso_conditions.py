@@ -102,7 +102,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reader-epochs", type=int, default=20)
     p.add_argument("--set", nargs="*", default=[], help="run-config overrides, e.g. dataset=mnist-styles")
-    p.add_argument("--out", default="docs", help="folder for espresso_conditions.json")
+    p.add_argument("--out", default="docs/results", help="folder for espresso_conditions.json")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--samplers", type=int, default=0, metavar="N",
                    help="also read N class-prompted samples of each sampler in SAMPLERS (0: skip)")

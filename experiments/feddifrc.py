@@ -7,7 +7,7 @@ FedAvg samples `--fraction-train` of the clients (the paper: 5 of 10). A cell is
 last 5 rounds of the global test accuracy, mean ± std over seeds. The ablation rows (`--methods
 feddifrc-l2,...`) flip one of FedDifRC's documented choices each. Writes <out>/<stem>.json (every
 curve) and <out>/<stem>_rounds.png (accuracy per round), stem = feddifrc (digits) or
-feddifrc_<dataset>; --out defaults to docs.
+feddifrc_<dataset>; --out defaults to docs/results.
 
 Backends. `--backend ray` runs every cell through `fedapp.simulate` (Flower's Ray simulation).
 `--backend inprocess` (default) runs it through `fedapp.simulation.simulate_in_process`: only the
@@ -38,9 +38,9 @@ from typing import Any
 
 import numpy as np
 
-from experiments.common import (BACKENDS, accuracy_curve, all_converged, check_configs, check_cpu_budget, classification_verdict,
-                                count_text, paired_difference, paired_text, parse_set, prog, quiet_logs, run,
-                                verdict_mark)
+from experiments.common import (BACKENDS, accuracy_curve, all_converged, check_configs, check_cpu_budget,
+                                classification_verdict, count_text, paired_difference, paired_text, parse_set, prog,
+                                quiet_logs, run, verdict_mark)
 from fedapp.results import atomic_write_json
 
 SPLITS = {
@@ -255,17 +255,19 @@ def main(argv: list[str]) -> None:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--splits", default=",".join(DEFAULT_SPLITS), help=f"subset of {','.join(SPLITS)}")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS), help=f"subset of {','.join(METHODS)}")
-    p.add_argument("--rounds", type=int, default=31, help="docs/feddifrc_budget.json: FedAvg converged at 31 x 2")
+    p.add_argument("--rounds", type=int, default=31,
+                   help="docs/results/feddifrc_budget.json: FedAvg converged at 31 x 2")
     p.add_argument("--local-epochs", type=int, default=2)
     p.add_argument("--lr", type=float, default=0.02)
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--fraction-train", type=float, default=0.5, help="clients sampled per round (paper: 5 of 10)")
     p.add_argument("--dataset", default="mnist-5k")
-    p.add_argument("--prior", default="tiny", help="the frozen prior FedDifRC reads (default: the dataset's tiny prior)")
+    p.add_argument("--prior", default="tiny",
+                   help="the frozen prior FedDifRC reads (default: the dataset's tiny prior)")
     p.add_argument("--backend", choices=BACKENDS, default="inprocess")
     p.add_argument("--runs-dir", default="runs/feddifrc-table")
-    p.add_argument("--out", default="docs", help="folder for <stem>.json and <stem>_rounds.png")
+    p.add_argument("--out", default="docs/results", help="folder for <stem>.json and <stem>_rounds.png")
     p.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     p.add_argument("--fresh", action="store_true", help="ignore cells already in <out>/feddifrc.json")
     p.add_argument("--set", nargs="*", default=[], help="run-config overrides, e.g. feddifrc.up-blocks=0,1")

@@ -110,7 +110,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--local-epochs", default="2,5", help="comma-separated settings to measure")
     p.add_argument("--rounds", type=int, default=40)
     p.add_argument("--runs", default="runs/feddifrc-budget")
-    p.add_argument("--out", default="docs")
+    p.add_argument("--out", default="docs/results")
     p.add_argument("--threads", type=int, default=2, help="torch threads (one job at a time)")
     a = p.parse_args(argv)
     check_cpu_budget(1, a.threads)

@@ -9,7 +9,7 @@ baselines as references) and <out>/..._scaling.png (PFDM and its private model a
 clients grows, total data fixed: the pool is split over more clients). Results are written after every
 run; a rerun under the same setup measures only what is missing. Every run goes through
 `fedapp.simulation.simulate_in_process` (the default; --backend ray: `fedapp.simulate`, Flower's Ray
-simulation) and its folder goes under --runs; --out defaults to docs.
+simulation) and its folder goes under --runs; --out defaults to docs/results.
 
 Compute-matched rows: each row lists its denoiser optimiser steps and images seen (denoiser_compute), and
 the oracle centralized-ddpm trains for the largest total of the other rows (oracle_steps: pfdm's
@@ -167,13 +167,15 @@ def print_table(rows: list[dict], verdict: dict[str, Any] | None = None, paired:
     verdict = verdict or all_converged([])
     lines = [f"verdict: {verdict_text(verdict)} ({ORACLE}, {verdict['converged_seeds']}/{verdict['seeds']} seeds "
              f"converged; {verdict['reason']})", *reader_lines(rows), "",
-             ("| method | seeds | majority | minority | mean | KID majority | KID minority | sample acc % | MIA AUC % | "
-              "MIA acc % | TPR@1%FPR % | memorised | paper FID (maj/min/mean) | steps | images seen | verdict |"),
+             ("| method | seeds | majority | minority | mean | KID majority | KID minority | sample acc % "
+              "| MIA AUC % | MIA acc % | TPR@1%FPR % | memorised | paper FID (maj/min/mean) | steps | images seen "
+              "| verdict |"),
              "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = PAPER.get(r["method"])
         spent = f", DP-SGD ε={r['dp_epsilon']:.2f}" if r.get("dp_epsilon") else ""
-        lines.append(f"| {r['method']} (N={r['clients']}{spent}) | {len(r['seeds'])} | {cell(r, 'majority_distance')} | "
+        lines.append(f"| {r['method']} (N={r['clients']}{spent}) | {len(r['seeds'])} | "
+                     f"{cell(r, 'majority_distance')} | "
                      f"{cell(r, 'minority_distance')} | {cell(r, 'mean_distance')} | {cell(r, 'majority_kid')} | "
                      f"{cell(r, 'minority_kid')} | {cell(r, 'sample_accuracy', True)} | {cell(r, 'mia_auc', True)} | "
                      f"{cell(r, 'mia_attack_accuracy', True)} | {cell(r, 'mia_tpr_at_1fpr', True)} | "
@@ -190,11 +192,13 @@ def print_table(rows: list[dict], verdict: dict[str, Any] | None = None, paired:
                   "|---|" + "---|" * len(PAIRED_KEYS)]
         lines += [f"| {q['method']} - {q['against']} | " + " | ".join(paired_text(q[k], 3) for k in PAIRED_KEYS) + " |"
                   for q in paired]
-    lines += ["", "| z_w's hand-over at t0 | seeds | t0 | KID | KID, held-out reference | energy ratio | energy ratio, reference |",
+    lines += ["", "| z_w's hand-over at t0 | seeds | t0 | KID | KID, held-out reference | energy ratio "
+                  "| energy ratio, reference |",
               "|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("t0_kid") is not None:
-            lines.append(f"| {r['method']} (N={r['clients']}) | {len(r['seeds'])} | {r.get('t0')} | {cell(r, 't0_kid')} | "
+            lines.append(f"| {r['method']} (N={r['clients']}) | {len(r['seeds'])} | {r.get('t0')} | "
+                         f"{cell(r, 't0_kid')} | "
                          f"{cell(r, 't0_kid_reference')} | {cell(r, 't0_energy_ratio')} | "
                          f"{cell(r, 't0_energy_ratio_reference')} |")
     text = "\n".join(lines)
@@ -239,7 +243,8 @@ def title_mark(verdict: dict[str, Any] | None) -> str:
 def seeds_per_point(cells: list[dict]) -> str:
     """"3 seeds" or "1-3 seeds per point": what a plot's error bars stand on."""
     counts = sorted({len(c.get("seeds", [0])) for c in cells})
-    return f"{counts[0]} seed{'s' * (counts[0] > 1)}" if len(counts) == 1 else f"{counts[0]}-{counts[-1]} seeds per point"
+    return (f"{counts[0]} seed{'s' * (counts[0] > 1)}" if len(counts) == 1
+            else f"{counts[0]}-{counts[-1]} seeds per point")
 
 
 def plot_scaling(scaling: list[dict], path: Path, verdict: dict[str, Any] | None = None) -> None:
@@ -259,8 +264,10 @@ def plot_scaling(scaling: list[dict], path: Path, verdict: dict[str, Any] | None
                     label="private model alone (non-collab.)")
         ax.errorbar(n, [r[key] for r in scaling], yerr=[spread(r, key) for r in scaling], fmt="o-", capsize=3,
                     label="PFDM (shared T→t0, private t0→0)")
-        ax.set_xscale("log", base=2); ax.set_xticks(n, [str(c) for c in n])
-        ax.set_xlabel("clients (total data fixed)"); ax.set_ylabel(f"client 0 minority {name}")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(n, [str(c) for c in n])
+        ax.set_xlabel("clients (total data fixed)")
+        ax.set_ylabel(f"client 0 minority {name}")
         ax.legend(fontsize=7)
     fig.suptitle(f"minority classes of client 0 (reference-classifier features; {seeds_per_point(scaling)})"
                  f"{title_mark(verdict)}", fontsize=9)
@@ -317,7 +324,8 @@ def plot_eps_curve(curve: list[dict], table: list[dict], path: Path, verdict: di
         ax.set_xticks(xs, [("∞" if e == float("inf") else f"{e:g}") + f"\nt0={r['t0']}" for e, r in zip(eps, curve)],
                       fontsize=7)
         ax.minorticks_off()
-        ax.set_xlabel("ε (LDP of an upload)"); ax.set_ylabel(f"client 0 {group} KID")
+        ax.set_xlabel("ε (LDP of an upload)")
+        ax.set_ylabel(f"client 0 {group} KID")
         ax.set_title(f"{group} classes", fontsize=9)
     axes[0].legend(fontsize=7)
     fig.suptitle(f"PFDM against ε ({seeds_per_point(curve)}; error bars: std over seeds, or KID's over subsets "
@@ -330,8 +338,8 @@ def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog=prog("pfdm"), description=__doc__.split("\n")[0])
     ap.add_argument("--clients", type=int, default=4, help="clients of the main table and the ε curve")
     ap.add_argument("--scaling", default="2,4,8", help="client counts of the scaling plot (pfdm runs)")
-    ap.add_argument("--eps-curve", default="", help=f"ε values of the ε curve (pfdm runs at --clients), e.g. {EPS_CURVE}; "
-                                                    "inf = t0 of 1")
+    ap.add_argument("--eps-curve", default="",
+                    help=f"ε values of the ε curve (pfdm runs at --clients), e.g. {EPS_CURVE}; inf = t0 of 1")
     ap.add_argument("--steps", type=int, default=400, help="pfdm.local-steps = pfdm.shared-steps")
     ap.add_argument("--rounds", type=int, default=4, help="fedavg-ddpm rounds (local steps split over them)")
     ap.add_argument("--samples", type=int, default=400)
@@ -346,7 +354,7 @@ def parser() -> argparse.ArgumentParser:
                     help=f"table rows: methods, or the ablation rows {', '.join(VARIANTS)}")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="run-config overrides for every run")
     ap.add_argument("--runs", default="runs/pfdm-experiment", help="folder of the runs' own folders")
-    ap.add_argument("--out", default="docs", help="folder for pfdm[_<dataset>].json, its grids and plots")
+    ap.add_argument("--out", default="docs/results", help="folder for pfdm[_<dataset>].json, its grids and plots")
     ap.add_argument("--backend", choices=BACKENDS, default="inprocess",
                     help="inprocess: fedapp.simulation.simulate_in_process (no Ray start-up); ray: fedapp.simulate")
     return ap

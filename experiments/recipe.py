@@ -1,6 +1,6 @@
 """`python -m experiments recipe`: why FedAvg sat at chance on 28 px MNIST, and the classifier recipe that fixed it.
 
-Three parts, each over --seeds, written to <out>/recipe.json and <out>/recipe.png (--out defaults to docs):
+Three parts, each over --seeds, written to <out>/recipe.json and <out>/recipe.png (--out defaults to docs/results):
 
 1. diagnosis: the first epoch of a client's SGD (lr 0.02, momentum 0.9, batch 16: `clients.classify.local_train`)
    on the pooled mnist-5k client data, one factor of the old recipe changed at a time (input scaling, the
@@ -186,7 +186,7 @@ def verdicts(res: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Each cell's convergence verdict over its seeds (experiments.common.classification_verdict on every
     seed's curve): the centralised epochs and the federated rounds. The federated runs stop at 10 rounds, so
     their verdict is "too short": the recipe's bars are about early learning; where FedAvg converges at
-    alpha 0.5 is docs/feddifrc_budget.json."""
+    alpha 0.5 is docs/results/feddifrc_budget.json."""
     from experiments.common import all_converged, classification_verdict
 
     return {part: {key: all_converged([classification_verdict(c) for c in per_seed.values()])
@@ -237,7 +237,8 @@ def table_text(res: dict[str, Any]) -> str:
         lines.append(f"| {name} | {len(curves[0])} | {mean_std([c[-1] for c in curves])} | "
                      f"{mean_std([max(c) for c in curves])} |")
     fed, pairs = res.get("federated", {}), paired(res)
-    lines += ["", "| FedAvg | model | round 1 | round 2 | round 3 | round 5 | last round | last − cnn-gap, same seeds |",
+    lines += ["", "| FedAvg | model | round 1 | round 2 | round 3 | round 5 | last round "
+                  "| last − cnn-gap, same seeds |",
               "|---|---|---|---|---|---|---|---|"]
     for key, per_seed in fed.items():
         name, model = key.rsplit("/", 1)
@@ -297,7 +298,8 @@ def plot(res: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def measure(res: dict[str, Any], part: str, key: str, seed: int, fn: Callable[[], Any], save: Callable[[], None]) -> None:
+def measure(res: dict[str, Any], part: str, key: str, seed: int, fn: Callable[[], Any],
+            save: Callable[[], None]) -> None:
     """One resumable cell: skipped when the json already holds it."""
     cell = res.setdefault(part, {}).setdefault(key, {})
     if str(seed) in cell:
@@ -316,7 +318,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--local-epochs", type=int, default=2, help="FedAvg's local epochs a round")
     p.add_argument("--clients", type=int, default=10, help="clients of the diagnosis' pooled data")
     p.add_argument("--runs", default="runs/recipe")
-    p.add_argument("--out", default="docs")
+    p.add_argument("--out", default="docs/results")
     p.add_argument("--threads", type=int, default=2, help="torch threads (one job at a time)")
     p.add_argument("--fresh", action="store_true", help="ignore cells already in <out>/recipe.json")
     a = p.parse_args(argv)
@@ -353,7 +355,8 @@ def main(argv: list[str]) -> None:
                     measure(res, "federated", f"{name}/{model}", seed, lambda: federated(name, model, seed, a), save)
     # the diagnosis cell is stored per seed under "all"; reshape it to factor -> seed for the plot
     diag = res.get("diagnosis", {}).get("all", {})
-    view = dict(res, diagnosis={f: {s: d[f] for s, d in diag.items()} for f in FACTORS if all(f in d for d in diag.values())})
+    view = dict(res, diagnosis={f: {s: d[f] for s, d in diag.items()} for f in FACTORS
+                                if all(f in d for d in diag.values())})
     save()
     plot(view, out / "recipe.png")
     print(table_text(res))

@@ -1,12 +1,10 @@
 """ClientApp: dispatch each message to the chosen method's client handler.
 
-Every message carries the resolved run config (RUN_KEY), so a SuperNode on another machine needs
-nothing but `--node-config "partition-id=K num-partitions=N"`.
+Every message carries the resolved run config (RUN_KEY: the common keys and the method's namespace), so
+a SuperNode on another machine needs nothing but `--node-config "partition-id=K num-partitions=N"`.
 """
 
 from __future__ import annotations
-
-from typing import Mapping
 
 from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
@@ -19,25 +17,31 @@ from fedapp.protocols import CLIENT_KEY, DOMAIN_KEY, FLOWER_CONFIG_KEYS, NUM_PAR
 
 
 class Dispatcher:
-    """The ClientApp's one handler. It holds the method table it was built with, so a method
-    registered in the driver (a test, a notebook) travels with the app into Ray's actors."""
+    """The ClientApp's one handler. It snapshots the registry when made, and re-registers what the
+    registry where it is unpickled lacks: a method registered in the driver (a test, a notebook) thus
+    travels with the app into Ray's actors, where everything reads fedapp.registry.METHODS."""
 
-    def __init__(self, methods: Mapping[str, registry.MethodSpec] | None = None):
-        self.methods = dict(methods or registry.METHODS)
+    def __init__(self):
+        self.methods = dict(registry.METHODS)
         self._parsed: dict[tuple, RunConfig] = {}
+
+    def __setstate__(self, state: dict) -> None:  # arriving in another process (a Ray actor)
+        self.__dict__.update(state)
+        for name, spec in self.methods.items():
+            registry.METHODS.setdefault(name, spec)
 
     def run_config_of(self, msg: Message) -> RunConfig:
         rec = msg.content.config_records[RUN_KEY]
         key = tuple(sorted((k, v) for k, v in rec.items() if k not in FLOWER_CONFIG_KEYS))
         if key not in self._parsed:
-            self._parsed = {key: parse_run_config(dict(key), self.methods)}  # one run at a time
+            self._parsed = {key: parse_run_config(dict(key))}  # one run at a time
         return self._parsed[key]
 
     def __call__(self, msg: Message, context: Context) -> Message:
         cfg = self.run_config_of(msg)
         ctx = ClientContext(cfg=cfg, partition_id=int(context.node_config["partition-id"]),
                             num_partitions=int(context.node_config["num-partitions"]), state=context.state)
-        handlers = registry.client_handlers(cfg.method, self.methods)
+        handlers = registry.client_handlers(cfg.method)
         mtype = msg.metadata.message_type
         if mtype not in handlers:
             raise ValueError(f"method {cfg.method!r} has no client handler for message type {mtype!r}")
@@ -51,11 +55,11 @@ class Dispatcher:
         return Message(content, reply_to=msg)
 
 
-def make_client_app(mods: list | None = None, methods: Mapping[str, registry.MethodSpec] | None = None) -> ClientApp:
+def make_client_app(mods: list | None = None) -> ClientApp:
     """The ClientApp with a handler for every message type a registered method uses."""
     client = ClientApp(mods=mods or [])
-    dispatch = Dispatcher(methods)
-    for mtype in registry.message_types(dispatch.methods):
+    dispatch = Dispatcher()
+    for mtype in registry.message_types():
         category, _, action = mtype.partition(".")
         decorator = getattr(client, category)
         (decorator(action) if action else decorator())(dispatch)

@@ -6,7 +6,7 @@ client code takes tensors and returns tensors, so it tests without a simulation.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
@@ -19,7 +19,6 @@ class ClientContext:
     partition_id: int
     num_partitions: int
     state: Any = None  # Flower's Context.state (a RecordDict kept across rounds on this node)
-    meta: dict[str, Any] = field(default_factory=dict)
 
     @cached_property
     def device(self) -> str:

@@ -5,11 +5,13 @@ Flower hands the app a flat dict (`context.run_config`, keys like `num-server-ro
 and raises one `ConfigError` line naming the key, the value and what is allowed.
 
 Method options live in each method's protocol module (fedapp/protocols/<m>.py: a dataclass whose
-fields carry `opt(...)` metadata, and its NAMESPACE); the registry says which protocol a method uses.
+fields carry `opt(...)` metadata); the method's MethodSpec (fedapp.registry) names it and its namespace.
+A run keeps, and sends its clients, the common keys, the app's namespaces and its method's namespace only.
 """
 
 from __future__ import annotations
 
+import sys
 import time
 from dataclasses import dataclass, field
 from typing import Any, Mapping
@@ -72,9 +74,10 @@ APP_NAMESPACES: dict[str, type] = {"log": LogOptions}
 @dataclass(frozen=True)
 class RunConfig:
     common: CommonConfig
+    spec: Any  # the chosen method's fedapp.registry.MethodSpec: its contract (namespace, traits)
     partitioner_params: dict[str, Any]
     options: Any  # the chosen method's options dataclass (or None)
-    namespace_values: dict[str, dict[str, Any]] = field(default_factory=dict)
+    namespace_values: dict[str, dict[str, Any]] = field(default_factory=dict)  # the method's and the app's
     log: LogOptions = field(default_factory=LogOptions)
 
     def __getattr__(self, name: str) -> Any:  # cfg.seed, cfg.method, ...
@@ -95,7 +98,7 @@ class RunConfig:
             from fedapp.geometry import auto_image_size
 
             try:
-                size = auto_image_size(self.method, self.prior, self.dataset)
+                size = auto_image_size(self.spec.uses_prior, self.prior, self.dataset)
             except (ValueError, OSError) as err:
                 raise ConfigError(f"prior={self.prior!r}: cannot read its image geometry "
                                   f"({str(err).splitlines()[0]})") from None
@@ -114,7 +117,7 @@ class RunConfig:
         return f"{self.method}-{self.dataset}-{self.partitioner}-s{self.seed}-{stamp}"
 
     def flat(self) -> dict[str, Any]:
-        """Resolved flat config: what config.json records and messages carry."""
+        """Resolved flat config: what config.json records and messages carry (no other method's keys)."""
         out = option_values(self.common)
         out["image-size"] = self.image_size
         out.update({f"partitioner.{k}": v for k, v in self.partitioner_params.items()})
@@ -126,8 +129,22 @@ class RunConfig:
         import torch
 
         if self.device == "auto":
+            if ray_gpu_ids() == []:  # a Ray actor given no GPU (fedapp sets RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0,
+                return "cpu"         # so Ray no longer hides the GPUs from it)
             return "cuda" if torch.cuda.is_available() else "cpu"
         return self.device
+
+
+def ray_gpu_ids() -> list | None:
+    """The GPUs Ray assigned to this process when it is a Ray worker (a ClientApp actor), else None."""
+    ray = sys.modules.get("ray")  # never import Ray here: most processes have nothing to do with it
+    is_initialized = getattr(ray, "is_initialized", None)  # absent while another thread is still importing it
+    if is_initialized is None or not is_initialized():
+        return None
+    ctx = ray.get_runtime_context()
+    if ctx.worker.mode != ray.WORKER_MODE:  # the driver (the ServerApp in a simulation): no assignment
+        return None
+    return list(ctx.get_accelerator_ids().get("GPU", []))
 
 
 def _check_device(value: str) -> None:
@@ -173,16 +190,15 @@ def normalize_keys(flat: Mapping[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def parse_run_config(flat: Mapping[str, Any], methods: Mapping[str, Any] | None = None) -> RunConfig:
-    """Validate a flat run config (from pyproject/`--run-config` or `fedapp.simulate`).
-    `methods` is the method table (default: fedapp.registry.METHODS)."""
+def parse_run_config(flat: Mapping[str, Any]) -> RunConfig:
+    """Validate a flat run config (from pyproject/`--run-config`, `fedapp.simulate` or a message's record,
+    which lacks other methods' namespaces) against fedapp.registry.METHODS."""
     from feddata import PARTITIONERS
 
     from fedapp import registry
 
-    methods = methods or registry.METHODS
     flat = normalize_keys(flat)
-    spaces_known = registry.namespaces(methods) + list(APP_NAMESPACES)
+    spaces_known = registry.namespaces() + list(APP_NAMESPACES)
     common_keys = set(flat_defaults(CommonConfig))
     common, part, spaces = {}, {}, {}
     for key, value in flat.items():
@@ -199,24 +215,35 @@ def parse_run_config(flat: Mapping[str, Any], methods: Mapping[str, Any] | None 
             raise ConfigError(f"{key}={value!r}: unknown key; allowed: {allowed}")
 
     cc = build_options(CommonConfig, common)
-    if cc.method not in methods:
-        raise ConfigError(f"method={cc.method!r}: must be one of {', '.join(methods)}")
+    if cc.method not in registry.METHODS:
+        raise ConfigError(f"method={cc.method!r}: must be one of {', '.join(registry.METHODS)}")
     if cc.partitioner not in PARTITIONERS:
         raise ConfigError(f"{PARTITIONER_KEY}={cc.partitioner!r}: must be one of {', '.join(PARTITIONERS)}")
     _check_device(cc.device)
     _check_run_name(cc.run_name)
     params = _partitioner_params(cc.partitioner, part)
 
-    # Validate every namespace given (all are listed in pyproject), keep the chosen one.
-    ns_values: dict[str, dict[str, Any]] = {}
-    chosen_ns = registry.namespace_of(cc.method, methods)
+    # Validate every namespace given (pyproject lists them all); keep the chosen method's and the app's:
+    # the run reads no other, and its config.json and messages (flat()) carry no other.
+    spec = registry.METHODS[cc.method]
+    kept = ([spec.namespace] if spec.namespace else []) + list(APP_NAMESPACES)
     objs = {}
     for ns in spaces_known:
-        cls = APP_NAMESPACES.get(ns) or registry.options_class(ns, methods)
-        objs[ns] = build_options(cls, spaces.get(ns, {}), prefix=f"{ns}.")
-        ns_values[ns] = option_values(objs[ns])
-    return RunConfig(common=cc, partitioner_params=params, options=objs.get(chosen_ns),
-                     namespace_values=ns_values, log=objs["log"])
+        if ns in spaces or ns in kept:
+            cls = APP_NAMESPACES.get(ns) or registry.options_class(ns)
+            objs[ns] = build_options(cls, spaces.get(ns, {}), prefix=f"{ns}.")
+    return RunConfig(common=cc, spec=spec, partitioner_params=params, options=objs.get(spec.namespace),
+                     namespace_values={ns: option_values(objs[ns]) for ns in kept}, log=objs["log"])
+
+
+def method_scoped(flat: Mapping[str, Any], method: str) -> dict[str, Any]:
+    """`flat` without other methods' namespaces: what a run of `method` keeps (a config.json written
+    before runs were scoped lists every method's keys)."""
+    from fedapp import registry
+
+    own = registry.METHODS[method].namespace if method in registry.METHODS else None
+    others = set(registry.namespaces()) - {own}
+    return {k: v for k, v in flat.items() if not ("." in k and k.split(".", 1)[0] in others)}
 
 
 def check_data(cfg: RunConfig, num_clients: int) -> None:
@@ -236,19 +263,18 @@ def check_data(cfg: RunConfig, num_clients: int) -> None:
 DEFAULT_PARTITIONER_PARAMS = {"per-class": 16}
 
 
-def all_defaults(methods: Mapping[str, Any] | None = None) -> dict[str, Any]:
+def all_defaults() -> dict[str, Any]:
     """Every key with its default: the `[tool.flwr.app.config]` block of pyproject.toml."""
     from feddata import PARTITIONER_PARAMS
 
     from fedapp import registry
 
-    methods = methods or registry.METHODS
     out = flat_defaults(CommonConfig)
     for spec in PARTITIONER_PARAMS.values():
         for key, (_, default) in spec.items():
             out.setdefault(f"partitioner.{key}", DEFAULT_PARTITIONER_PARAMS.get(key, default))
-    for ns in registry.namespaces(methods):
-        out.update(flat_defaults(registry.options_class(ns, methods), prefix=f"{ns}."))
+    for ns in registry.namespaces():
+        out.update(flat_defaults(registry.options_class(ns), prefix=f"{ns}."))
     for ns, cls in APP_NAMESPACES.items():
         out.update(flat_defaults(cls, prefix=f"{ns}."))
     return out

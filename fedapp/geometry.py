@@ -4,20 +4,12 @@ in sync by hand."""
 
 from __future__ import annotations
 
-from typing import Any
 
-
-def uses_prior(method: str, methods: Any = None) -> bool:
-    """Whether the method's protocol declares that it runs a diffusion prior (USES_PRIOR)."""
-    from fedapp import registry
-
-    return bool(getattr(registry.protocol(method, methods), "USES_PRIOR", False))
-
-
-def auto_image_size(method: str, prior: str, dataset: str, methods: Any = None) -> int:
+def auto_image_size(uses_prior: bool, prior: str, dataset: str) -> int:
     """The prior's image size (sample_size x vae_scale_factor, read from its configs) for a method with a
-    prior, else the dataset's native size. Raises ValueError when the prior's configs cannot be read."""
-    if uses_prior(method, methods):
+    prior (MethodSpec.uses_prior), else the dataset's native size. Raises ValueError when the prior's
+    configs cannot be read."""
+    if uses_prior:
         from fedapp.models.prior import prior_image_size
 
         return prior_image_size(prior, dataset)

@@ -98,7 +98,8 @@ def kernel_distance(feats_fake: np.ndarray, feats_real: np.ndarray, subsets: int
 def feature_distances(name: str, feats_fake: np.ndarray, feats_real: np.ndarray, seed: int = 0) -> dict[str, float]:
     """What every generation table reports for one group: {name}_distance (Frechet), {name}_kid, {name}_kid_std."""
     kid, kid_std = kernel_distance(feats_fake, feats_real, seed=seed)
-    return {f"{name}_distance": frechet_distance(feats_fake, feats_real), f"{name}_kid": kid, f"{name}_kid_std": kid_std}
+    return {f"{name}_distance": frechet_distance(feats_fake, feats_real), f"{name}_kid": kid,
+            f"{name}_kid_std": kid_std}
 
 
 def intra_class_diversity(feats: torch.Tensor, labels: torch.Tensor, max_per_class: int = 1000,

@@ -12,10 +12,8 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Mapping
 
-from fedapp.config import RunConfig, check_data
-from fedapp.geometry import uses_prior
+from fedapp.config import RunConfig, check_data, method_scoped
 from fedapp.options import AUTO, ConfigError
 
 BUILTIN_MODELS = ("cnn", "cnn-gap", "resnet10", "resnet18")  # fedapp.models.classifier.CNNS, RESNET_DEPTHS
@@ -48,6 +46,34 @@ def hub_cached(repo_id: str, filename: str) -> bool:
         return False
 
 
+def hub_reachable(timeout: float = 1.5) -> bool:
+    """Whether the Hugging Face endpoint answers an HTTP request within `timeout` seconds (any status): on an
+    offline machine the hub client would otherwise retry for ~30 s before its error. An HTTP answer, not a TCP
+    connect, since some networks accept every connect and never reply."""
+    import urllib.error
+    import urllib.request
+
+    from huggingface_hub import constants
+
+    url = os.environ.get("HF_ENDPOINT") or constants.ENDPOINT
+    try:
+        urllib.request.urlopen(urllib.request.Request(url, method="HEAD"), timeout=timeout).close()
+        return True
+    except urllib.error.HTTPError:  # an answer, if not a 200
+        return True
+    except (OSError, ValueError):  # refused, unresolved, timed out, TLS failed, malformed endpoint
+        return False
+
+
+def hub_missing(repo_id: str, filename: str) -> str | None:
+    """Why a hub id cannot load here (not cached, and the hub is switched off or unreachable), else None."""
+    if hub_cached(repo_id, filename):
+        return None
+    if hub_offline():
+        return "not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
+    return None if hub_reachable() else "not in the local Hugging Face cache and the hub is unreachable"
+
+
 def check_prior(cfg: RunConfig) -> None:
     """The prior resolves: `tiny` (built on first use), an SD-layout folder, or a cached/reachable hub id."""
     from fedapp.models.prior import resolve_prior
@@ -56,8 +82,9 @@ def check_prior(cfg: RunConfig) -> None:
         src = resolve_prior(cfg.prior, cfg.dataset)
     except ValueError as err:
         raise ConfigError(str(err).splitlines()[0]) from None
-    if src.kind == "hub" and hub_offline() and not hub_cached(src.location, "model_index.json"):
-        raise ConfigError(f"prior={cfg.prior!r}: not in the local Hugging Face cache and HF_HUB_OFFLINE is set; "
+    why = hub_missing(src.location, "model_index.json") if src.kind == "hub" else None
+    if why:
+        raise ConfigError(f"prior={cfg.prior!r}: {why}; "
                           "allowed: 'tiny', an SD-1.5-layout folder, or a hub id that is cached or reachable")
 
 
@@ -74,14 +101,15 @@ def check_model(cfg: RunConfig) -> None:
         return
     if name.startswith((".", "/", "~")) or name.count("/") != 1:
         raise ConfigError(f"model={name!r}: no such folder and not a hub id; {allowed}")
-    if hub_offline() and not hub_cached(name, "config.json"):
-        raise ConfigError(f"model={name!r}: not in the local Hugging Face cache and HF_HUB_OFFLINE is set; {allowed}")
+    why = hub_missing(name, "config.json")
+    if why:
+        raise ConfigError(f"model={name!r}: {why}; {allowed}")
 
 
 def check_image_size(cfg: RunConfig) -> None:
     """An explicit image-size must be the prior's: the prior decides the geometry."""
     explicit = cfg.common.image_size
-    if explicit != AUTO and uses_prior(cfg.method):
+    if explicit != AUTO and cfg.spec.uses_prior:
         from fedapp.models.prior import prior_image_size
 
         size = prior_image_size(cfg.prior, cfg.dataset)
@@ -90,27 +118,27 @@ def check_image_size(cfg: RunConfig) -> None:
                               f"must be 'auto' or {size}")
 
 
-def check_protocol(cfg: RunConfig, methods: Mapping[str, Any] | None = None) -> None:
-    """A protocol's own machine-dependent check (`preflight(cfg) -> reason | None`), e.g. FedDifRC's
-    up-blocks against the prior's decoder."""
+def check_protocol(cfg: RunConfig) -> None:
+    """A method's own machine-dependent check (MethodSpec.preflight: `cfg -> reason | None`), e.g.
+    FedDifRC's up-blocks against the prior's decoder."""
     from fedapp import registry
 
-    check = getattr(registry.protocol(cfg.method, methods), "preflight", None)
+    check = registry.preflight_check(cfg.method)
     reason = check(cfg) if check is not None else None
     if reason is not None:
         raise ConfigError(reason)
 
 
-def check_fraction_train(cfg: RunConfig, methods: Mapping[str, Any] | None = None) -> None:
-    """Client sampling is Flower FedAvg's: only the strategies on its round loop honour it."""
+def check_fraction_train(cfg: RunConfig) -> None:
+    """Client sampling is Flower FedAvg's: only the strategies on its round loop honour it
+    (MethodSpec.samples_clients)."""
     from fedapp import registry
 
-    samples = getattr(registry.strategy_class(cfg.method, methods), "samples_clients", False)
     for key, value, does in (("fraction-train", cfg.fraction_train, "trains"),
                              ("fraction-evaluate", cfg.fraction_evaluate, "evaluates")):
-        if value < 1.0 and not samples:
+        if value < 1.0 and not cfg.spec.samples_clients:
             raise ConfigError(f"{key}={value}: method={cfg.method!r} {does} every client; must be 1.0, or pick a "
-                              "round-based classification method (fedavg, fedprox, moon, feddifrc)")
+                              f"method that samples clients ({', '.join(registry.names(lambda s: s.samples_clients))})")
 
 
 def check_nodes(cfg: RunConfig, num_nodes: int) -> None:
@@ -122,7 +150,7 @@ def check_nodes(cfg: RunConfig, num_nodes: int) -> None:
 RESUME_FREE_KEYS = ("resume", "run-name", "out-dir", "log.tensorboard")  # where and what it logs, not what it computes
 
 
-def check_resume(cfg: RunConfig, methods: Mapping[str, Any] | None = None) -> None:
+def check_resume(cfg: RunConfig) -> None:
     """`resume` names a folder of a resumable method's run with a checkpoint, run with this config."""
     import json
 
@@ -130,13 +158,13 @@ def check_resume(cfg: RunConfig, methods: Mapping[str, Any] | None = None) -> No
     from fedapp.server.checkpoint import CHECKPOINT, CHECKPOINT_META
 
     folder = Path(cfg.resume).expanduser()
-    if not getattr(registry.protocol(cfg.method, methods), "RESUMABLE", False):
+    if not cfg.spec.resumable:
         raise ConfigError(f"resume={cfg.resume!r}: method={cfg.method!r} is not resumable; allowed for the "
-                          "round-based classification methods (fedavg, fedprox, feddifrc)")
+                          f"resumable methods ({', '.join(registry.names(lambda s: s.resumable))})")
     if not all((folder / f).is_file() for f in ("config.json", CHECKPOINT, CHECKPOINT_META)):
         raise ConfigError(f"resume={cfg.resume!r}: not a run folder with config.json and a checkpoint; "
                           "must be the folder of a run that completed at least one round")
-    saved = json.loads((folder / "config.json").read_text())
+    saved = method_scoped(json.loads((folder / "config.json").read_text()), cfg.method)  # as flat() is
     now = cfg.flat()
     differ = sorted(k for k in set(saved) | set(now) if k not in RESUME_FREE_KEYS and saved.get(k) != now.get(k))
     if differ:
@@ -145,17 +173,17 @@ def check_resume(cfg: RunConfig, methods: Mapping[str, Any] | None = None) -> No
                           f"{saved.get(k)!r} in the run); must equal the resumed run's config")
 
 
-def preflight(cfg: RunConfig, num_nodes: int | None = None, methods: Mapping[str, Any] | None = None) -> None:
+def preflight(cfg: RunConfig, num_nodes: int | None = None) -> None:
     """Every machine-dependent check; `num_nodes` where the federation's size is known."""
     if cfg.resume:
-        check_resume(cfg, methods)
+        check_resume(cfg)
     else:
         check_out_dir(cfg)
-    if uses_prior(cfg.method, methods):
+    if cfg.spec.uses_prior:
         check_prior(cfg)
         check_image_size(cfg)
-    check_protocol(cfg, methods)
-    check_fraction_train(cfg, methods)
+    check_protocol(cfg)
+    check_fraction_train(cfg)
     check_model(cfg)
     if num_nodes is not None:
         check_nodes(cfg, num_nodes)

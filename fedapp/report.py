@@ -31,7 +31,8 @@ def render(run_dir: str | Path) -> str:
     read = lambda name: json.loads((root / name).read_text()) if (root / name).is_file() else None  # noqa: E731
     summary, config = read("summary.json") or {}, read("config.json") or {}
     lines = [f"# Run {root.name}", ""]
-    lines += [f"- status: **{summary.get('status', 'unknown')}**" + (f" ({summary['error']})" if summary.get("error") else ""),
+    lines += [f"- status: **{summary.get('status', 'unknown')}**"
+              + (f" ({summary['error']})" if summary.get("error") else ""),
               f"- method `{summary.get('method')}`, dataset `{summary.get('dataset')}`, partitioner "
               f"`{summary.get('partitioner')}`, {summary.get('num_clients')} clients, seed {summary.get('seed')}",
               f"- wall time {summary.get('wall_seconds', '?')} s; phases: "
@@ -58,6 +59,10 @@ def render(run_dir: str | Path) -> str:
         lines += ["## Privacy", ""] + [f"- {k}: {v}" for k, v in summary["privacy"].items()] + [""]
     figures = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.png"))
     lines += ["## Figures", ""] + [f"![{f}]({f})" for f in figures] + ([] if figures else ["none"]) + [""]
+    if isinstance(config.get("method"), str):  # common keys and the method's (an older run lists every method's)
+        from fedapp.config import method_scoped
+
+        config = method_scoped(config, config["method"])
     lines += ["## Config", ""] + _table([{"key": k, "value": v} for k, v in sorted(config.items())], ["key", "value"])
     return "\n".join(lines) + "\n"
 

@@ -64,7 +64,6 @@ def simulate(run_config: Mapping[str, Any], num_clients: int, backend: dict | No
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
-    from fedapp import registry
     from fedapp.client_app import make_client_app
     from fedapp.server_app import run_server
 
@@ -87,7 +86,7 @@ def simulate(run_config: Mapping[str, Any], num_clients: int, backend: dict | No
     backend["init_args"] = init_args
     backend.setdefault("client_resources", {"num_cpus": 1, "num_gpus": 0.0})
     try:
-        run_simulation(server_app=server, client_app=make_client_app(client_mods, registry.METHODS),
+        run_simulation(server_app=server, client_app=make_client_app(client_mods),
                        num_supernodes=num_clients, backend_config=backend)
     finally:
         if ray_tmp:  # Ray has shut down: its session files are no longer needed
@@ -134,8 +133,8 @@ class ReplyCache:
     A client is a deterministic function of its message, its partition and its node's state (every
     draw comes from the run seed and the partition id), so a message it has answered before gets the
     reply it gave then. The key: the message type, the partition id, the run config record (RUN_KEY)
-    less the keys only the server reads (the method's protocol may list them as SERVER_ONLY_KEYS; the
-    round, ROUND_KEY, stays), a digest of every other record of the message, and a digest of the
+    less the keys only the server reads (the method's MethodSpec.server_only_keys; the round, ROUND_KEY,
+    stays), a digest of every other record of the message, and a digest of the
     node's state before the call. A hit returns a copy of the reply and sets the node's state to what
     the call left, so later rounds of a stateful client stay exact. Error replies are not kept.
 
@@ -150,7 +149,7 @@ class ReplyCache:
     def __len__(self) -> int:
         return len(self._entries)
 
-    def key(self, msg: Any, partition_id: int, state: Any, methods: Mapping[str, Any] | None = None) -> str | None:
+    def key(self, msg: Any, partition_id: int, state: Any) -> str | None:
         """The cache key of `msg` to this partition; None when the message names no known method (the
         handler then answers with its error, uncached)."""
         from fedapp import registry
@@ -158,9 +157,9 @@ class ReplyCache:
 
         run = msg.content.config_records.get(RUN_KEY)
         method = run.get("method") if run is not None else None
-        if method not in (methods or registry.METHODS):
+        if method not in registry.METHODS:
             return None
-        skip = frozenset(getattr(registry.protocol(method, methods), "SERVER_ONLY_KEYS", ()))
+        skip = registry.METHODS[method].server_only_keys
         h = hashlib.sha256()
         _feed(h, (msg.metadata.message_type, int(partition_id)))
         _feed_records(h, {RUN_KEY: run}, skip)
@@ -192,13 +191,11 @@ class InProcessGrid:
     per-node Flower Context whose state persists across rounds. A handler's exception becomes an
     error reply, as Flower's ClientApp sends one. Node ids are 1000 + partition id.
 
-    `methods`: the method table (default: fedapp.registry.METHODS). `reply_cache`: a ReplyCache shared
-    with other grids (other runs) whose replies this one may reuse."""
+    `reply_cache`: a ReplyCache shared with other grids (other runs) whose replies this one may reuse."""
 
     FIRST_NODE_ID = 1000
 
-    def __init__(self, num_nodes: int, methods: Mapping[str, Any] | None = None,
-                 reply_cache: ReplyCache | None = None):
+    def __init__(self, num_nodes: int, reply_cache: ReplyCache | None = None):
         from flwr.app import Context, RecordDict
         from flwr.common.constant import SUPERLINK_NODE_ID
         from flwr.supercore.task_identity import TaskIdentity
@@ -207,7 +204,7 @@ class InProcessGrid:
 
         if TaskIdentity._run_id is None:  # what Flower's ServerApp runtime sets before a ServerApp runs
             TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 0, SUPERLINK_NODE_ID
-        self.dispatch = Dispatcher(methods)
+        self.dispatch = Dispatcher()
         self.reply_cache = reply_cache
         self.nodes = {self.FIRST_NODE_ID + i: Context(
             run_id=0, node_id=self.FIRST_NODE_ID + i, node_config={"partition-id": i, "num-partitions": num_nodes},
@@ -229,8 +226,7 @@ class InProcessGrid:
         context = self.nodes[msg.metadata.dst_node_id]
         key = None
         if self.reply_cache is not None:
-            key = self.reply_cache.key(msg, context.node_config["partition-id"], context.state,
-                                       self.dispatch.methods)
+            key = self.reply_cache.key(msg, context.node_config["partition-id"], context.state)
             hit = self.reply_cache.get(key) if key is not None else None
             if hit is not None:
                 content, state = hit

@@ -17,7 +17,8 @@ from .types import ClientShard, ServerData, config_error
 
 
 def _check_int(key: str, value, lo: int, hi: int | None = None) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo or (hi is not None and value > hi):
+    if (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo
+            or (hi is not None and value > hi)):
         rng = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
         raise config_error(key, value, f"must be an int {rng}")
     return int(value)

@@ -29,7 +29,8 @@ LABEL_COLUMNS = ("label", "labels", "fine_label")
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 _ALLOWED = ("a built-in name, an HF dataset id (owner/name), or a folder: saved with save_to_disk, holding parquet "
             "files, or images in one sub-folder per class (HF imagefolder layout)")
-_IMAGE_FOLDER_LABELS = "an image folder needs one sub-folder per class (two or more) or a metadata file with a label column"
+_IMAGE_FOLDER_LABELS = ("an image folder needs one sub-folder per class (two or more) "
+                        "or a metadata file with a label column")
 
 
 def _is_saved_dataset(path: str) -> bool:
@@ -88,7 +89,8 @@ def load_hf(dataset: str):
         raise
     except Exception as e:  # no network, no such repo, unreadable folder: one line for the user
         msg = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        raise config_error("dataset", dataset, f"could not load ({type(e).__name__}: {msg[:200]}); allowed: {_ALLOWED}") from e
+        raise config_error("dataset", dataset,
+                           f"could not load ({type(e).__name__}: {msg[:200]}); allowed: {_ALLOWED}") from e
     if isinstance(ds, datasets.DatasetDict):
         ds = datasets.concatenate_datasets([ds[k] for k in sorted(ds)])
     return ds

@@ -23,9 +23,9 @@ import numpy as np
 from .builtin import with_attribute
 from .types import BaseData, config_error
 
-PARTITIONERS: tuple[str, ...] = ("iid", "dirichlet", "pathological", "domain", "attribute-holdout", "minority",
-                                  "dirichlet-domain")
 _PER_CLASS = {"per-class": (int, 0)}  # cap of training images per class per client, 0 = none
+# name -> its parameters (type, default); a new partitioner is a line here, a range check in _RANGES for each new
+# parameter name and a branch in partition() (README "Adding a partitioner")
 PARTITIONER_PARAMS: dict[str, dict[str, tuple[type, object]]] = {
     "iid": {**_PER_CLASS},
     "dirichlet": {"alpha": (float, 0.5), "min-partition-size": (int, 10), **_PER_CLASS},
@@ -33,8 +33,10 @@ PARTITIONER_PARAMS: dict[str, dict[str, tuple[type, object]]] = {
     "domain": {**_PER_CLASS},
     "attribute-holdout": {"coverage": (float, 0.5), "split": (str, "iid"), **_PER_CLASS},
     "minority": {"minority-classes": (int, 2), "minority-fraction": (float, 0.1), **_PER_CLASS},
-    "dirichlet-domain": {"alpha": (float, 0.5), "min-partition-size": (int, 10), "domain": (str, "photo"), **_PER_CLASS},
+    "dirichlet-domain": {"alpha": (float, 0.5), "min-partition-size": (int, 10), "domain": (str, "photo"),
+                         **_PER_CLASS},
 }
+PARTITIONERS: tuple[str, ...] = tuple(PARTITIONER_PARAMS)
 HOLDOUT_SPLITS = ("iid", "non-iid")
 _RANGES = {
     "alpha": (lambda v: v > 0, "must be > 0"),
@@ -86,7 +88,8 @@ def resolve_params(partitioner: str, params: dict | None) -> dict:
         key = key.removeprefix("partitioner.")
         if key not in spec:
             raise config_error(
-                f"partitioner.{key}", value, f"unknown parameter for partitioner {partitioner}; allowed: {', '.join(spec)}"
+                f"partitioner.{key}", value,
+                f"unknown parameter for partitioner {partitioner}; allowed: {', '.join(spec)}"
             )
         coerced = _coerce(key, value, spec[key][0])
         ok, why = _RANGES[key]
@@ -166,7 +169,8 @@ def partition(b: BaseData, pool: np.ndarray, partitioner: str, p: dict, seed: in
             raise config_error("partitioner.classes-per-client", kk, f"must be in [1, {k}] for dataset {b.info.name}")
         # first-deterministic: client i always holds class i mod K, so with n >= K every class is used
         part = PathologicalPartitioner(
-            n, partition_by="label", num_classes_per_partition=kk, class_assignment_mode="first-deterministic", seed=seed
+            n, partition_by="label", num_classes_per_partition=kk, class_assignment_mode="first-deterministic",
+            seed=seed
         )
         rows = _run_flwr(part, _label_table(b.y[pool], pool, rng), n)
         meta = [{"classes": sorted(int(c) for c in np.unique(b.y[r]))} for r in rows]
@@ -201,7 +205,8 @@ def _dirichlet(b, pool, p, seed, n, rng) -> list[np.ndarray]:
 def _domain_names(b, partitioner: str) -> list[str]:
     if "domain" not in b.attrs:
         raise config_error("partitioner", partitioner,
-                           f"dataset {b.info.name} has no domain attribute; use {' or '.join(with_attribute('domain'))}")
+                           f"dataset {b.info.name} has no domain attribute; "
+                           f"use {' or '.join(with_attribute('domain'))}")
     return list(b.info.attributes["domain"])
 
 

@@ -11,7 +11,6 @@ client's real test split through the evaluate phase) are Espresso's, so the numb
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import torch
@@ -35,10 +34,9 @@ class CentralizedStrategy(OneShotStrategy):
         server = self.server_data(len(nodes))
         log.warning("centralized: an ORACLE ceiling; the server reads all %d clients' real data", len(nodes))
         x, y = union_of_client_shards(cfg, len(nodes))
-        t0 = time.time()
-        model = train_global_classifier(cfg.model, x, y, server.info.num_classes, epochs=cfg.server_epochs,
-                                        seed=cfg.seed, device=run.device)
-        run.phase_seconds["classifier"] = time.time() - t0
+        with run.phase("classifier", f"{cfg.server_epochs} epochs on {len(x)} real images"):
+            model = train_global_classifier(cfg.model, x, y, server.info.num_classes, epochs=cfg.server_epochs,
+                                            seed=cfg.seed, device=run.device)
         metrics = self.evaluate_classifier(grid, model, server, nodes)
         metrics.update({"oracle": True, "num_train": len(x)})
         run.out.log_metrics({"phase": "final", **metrics})

@@ -8,7 +8,8 @@ Protocol (clients/dcfm.py has the client side and the equations):
    `dcfm.peer-schedule = sequential` runs the clients of a round one after another instead.
    Sampling: the composite velocity over all experts (fedapp.models.compose.mixture_composite).
    Variant B (`dcfm.variant = b`): the server distils the frozen experts into one student on synthetic
-   replay paths x^_t (`dcfm.replay`: each teacher's own, or their routed composite; L_student on y ⊙ m, eq. 15) plus the student's own CI
+   replay paths x^_t (`dcfm.replay`: each teacher's own, or their routed composite; L_student on y ⊙ m,
+   eq. 15) plus the student's own CI
    penalty (L_studentCI, eq. 16), with the same lambda and masks as Stage I, and
    sends it back (`query.receive`): two model transfers per client. Sampling: the student's composite.
 3. Evaluation on the server (strategies/flow.py, shared with the baselines): samples for every seen
@@ -28,7 +29,7 @@ from fedapp.protocols import ARRAYS_KEY, ROUND_KEY
 from fedapp.protocols import dcfm as P
 from fedapp.server.checkpoint import save_model
 from fedapp.server.validation import check_reply, safe_reason
-from strategies.flow import FlowStrategy, timed
+from strategies.flow import FlowStrategy
 
 
 # ---- variant B: distillation into one student (eqs. 15-17) ---------------------------------------------
@@ -105,8 +106,6 @@ def distill_student(student, buf: dict[str, torch.Tensor], *, steps: int, batch:
 
 
 class DcfmStrategy(FlowStrategy):
-    phases = (P.TRAIN, P.PEER, P.RECEIVE)
-
     def sampler(self, y: torch.Tensor, part: int) -> Callable:
         if self.opts.variant == "b":
             return composite_field(self.student, y)
@@ -180,11 +179,11 @@ class DcfmStrategy(FlowStrategy):
         extra: dict[str, Any] = {"variant": self.opts.variant}
         if self.opts.variant == "a":
             for r in range(1, self.opts.rounds + 1):
-                with timed(self.run, f"peer_round{r}"):  # each expert retrained with L_peerCI, peers frozen
+                with self.run.phase(f"peer_round{r}"):  # each expert retrained with L_peerCI, peers frozen
                     self.peer_round(grid, r)
             extra["rounds"] = self.opts.rounds
         else:
-            with timed(self.run, "distill"):
+            with self.run.phase("distill"):
                 extra.update(self.distill())
             student = ArrayRecord({k: v.cpu() for k, v in self.student.state_dict().items()})
             self.exchange(grid, P.RECEIVE, sorted(self.node_of.values()), lambda n: {ARRAYS_KEY: student})

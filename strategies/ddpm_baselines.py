@@ -15,20 +15,17 @@
 from __future__ import annotations
 
 import logging
-import time
-from typing import Any, Iterable
+from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
-from flwr.serverapp.strategy import FedAvg
+from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedapp.data import all_client_shards
 from fedapp.models.ddpm import build_ddpm, train_ddpm
-from fedapp.protocols import ARRAYS_KEY, NUM_EXAMPLES_KEY, RUN_KEY
 from fedapp.protocols import pfdm as P
-from fedapp.protocols.records import dtypes_of, partition_of, tensors_of
-from fedapp.server import FedappStrategy, PhasedStrategy, keep_valid
+from fedapp.protocols.records import partition_of, tensors_of
+from fedapp.server import PhasedStrategy, RoundStrategy
 from fedapp.server.checkpoint import save_model
 from strategies.generation_eval import GenerationEval, memorisation, sample_model
 
@@ -52,8 +49,6 @@ def score_released_model(run, ev: GenerationEval, model, num_partitions: int, na
 
 
 class LocalOnlyStrategy(PhasedStrategy):
-    phases = (P.LOCAL_SAMPLE,)
-
     def execute(self, grid) -> dict[str, Any]:
         run = self.run
         nodes = sorted(grid.get_node_ids())
@@ -69,24 +64,15 @@ class LocalOnlyStrategy(PhasedStrategy):
         return metrics
 
 
-class FedAvgDDPMStrategy(FedappStrategy, FedAvg):
-    phase = P.FEDAVG_TRAIN
+class FedAvgDDPMStrategy(RoundStrategy):
+    """FedAvg over the DDPM: uploads are FedAvg's (the global DDPM's exact keys, shapes, dtypes); no
+    evaluate round, the released model is scored once on the server."""
+
+    train_phase = P.FEDAVG_TRAIN
     name = "fedavg_ddpm"
 
     def __init__(self, run):
-        n = run.cfg.min_clients
-        super().__init__(fraction_evaluate=0.0, min_train_nodes=n, min_evaluate_nodes=0, min_available_nodes=n,
-                         weighted_by_key=NUM_EXAMPLES_KEY, arrayrecord_key=ARRAYS_KEY, configrecord_key=RUN_KEY,
-                         train_metrics_aggr_fn=self.aggregate_train_metrics)
-        self.bind(run)
-        self._expected: dict[str, tuple] = {}
-        self._dtypes: dict[str, str] = {}
-
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        max_bytes = self.run.cfg.max_upload_bytes
-        valid = keep_valid(self.run, replies, self.phase,
-                           lambda c: P.validate_fedavg_train(c, self._expected, max_bytes, self._dtypes))
-        return super().aggregate_train(server_round, valid)
+        super().__init__(run, train_metrics_aggr_fn=self.aggregate_train_metrics)
 
     @staticmethod
     def aggregate_train_metrics(records: list[RecordDict], weight_key: str) -> MetricRecord:
@@ -102,15 +88,12 @@ class FedAvgDDPMStrategy(FedappStrategy, FedAvg):
         torch.manual_seed(cfg.seed)
         model = build_ddpm(cfg.image_size, ev.num_classes, flag=False, channels=cfg.options.channels)
         initial = ArrayRecord(model.state_dict())
-        self._expected = {k: tuple(a.shape) for k, a in initial.items()}
-        self._dtypes = dtypes_of(initial)
-        result = self.start(grid=grid, initial_arrays=initial, num_rounds=cfg.num_server_rounds,
-                            timeout=cfg.round_timeout, train_config=self.run_config_record())
+        self.expect(initial)
+        result = self.run_rounds(grid, initial)
         model.load_state_dict(result.arrays.to_torch_state_dict())
         save_model(run.out, model.state_dict())
-        t = time.time()
-        metrics = score_released_model(run, ev, model.eval(), len(nodes), f"{self.name}_global")
-        run.phase_seconds["evaluation"] = time.time() - t
+        with run.phase("evaluation"):
+            metrics = score_released_model(run, ev, model.eval(), len(nodes), f"{self.name}_global")
         metrics.update(self.final_metrics(result))
         run.out.log_metrics({"phase": "final", **metrics})
         return metrics
@@ -119,7 +102,7 @@ class FedAvgDDPMStrategy(FedappStrategy, FedAvg):
 class DPDMStrategy(FedAvgDDPMStrategy):
     """FedAvg over the DDPM with DP-SGD clients; the released model's guarantee is the worst client's."""
 
-    phase = P.DPDM_TRAIN
+    train_phase = P.DPDM_TRAIN
     name = "dpdm"
 
     @staticmethod
@@ -137,7 +120,7 @@ class DPDMStrategy(FedAvgDDPMStrategy):
 
 
 class CentralizedDDPMStrategy(PhasedStrategy):
-    phases = ()  # an oracle: no exchange with the clients
+    """An oracle: no exchange with the clients."""
 
     def execute(self, grid) -> dict[str, Any]:
         cfg, o, run = self.run.cfg, self.run.cfg.options, self.run
@@ -147,11 +130,10 @@ class CentralizedDDPMStrategy(PhasedStrategy):
         shards = all_client_shards(cfg, len(nodes))
         x = torch.cat([s.train.x for s in shards])
         y = torch.cat([s.train.y for s in shards])
-        t = time.time()
-        torch.manual_seed(cfg.seed)
-        model = build_ddpm(cfg.image_size, ev.num_classes, flag=False, channels=o.channels)
-        train_ddpm(model, x, y, steps=o.shared_steps, batch=o.batch, lr=o.lr, seed=cfg.seed, device=run.device)
-        run.phase_seconds["centralized-ddpm"] = time.time() - t
+        with run.phase("centralized-ddpm"):
+            torch.manual_seed(cfg.seed)
+            model = build_ddpm(cfg.image_size, ev.num_classes, flag=False, channels=o.channels)
+            train_ddpm(model, x, y, steps=o.shared_steps, batch=o.batch, lr=o.lr, seed=cfg.seed, device=run.device)
         metrics = score_released_model(run, ev, model.cpu().eval(), len(nodes), "centralized_ddpm")
         metrics.update({"oracle": True, "num_train": len(x)})
         run.out.log_metrics({"phase": "final", **metrics})

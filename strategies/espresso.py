@@ -68,17 +68,17 @@ def plan_synthesis(u: dict[str, torch.Tensor], opts: P.EspressoOptions, prompt_c
     leaves the picked conditions unchanged (a controlled ablation)."""
     g_cond, g_noise = torch.Generator().manual_seed(seed), torch.Generator().manual_seed(seed + 1)
     labels, noise, cond = [], [], []
-    for c, n in images_per_class(u["class_counts"], opts.ratio).items():
+    for c, n in images_per_class(u[P.CLASS_COUNTS], opts.ratio).items():
         labels.append(torch.full((n,), c, dtype=torch.long))
         if opts.conditions == "prompts":
             cond.append(prompt_cond[c].expand(n, -1, -1))
         else:  # c^j_{k,y} with probability |D^j_{k,y}| / n_{k,y}
-            sel = torch.nonzero(u["embedding_class"] == c).flatten()
-            pick = sel[torch.multinomial(u["cluster_sizes"][sel].double(), n, replacement=True, generator=g_cond)]
-            cond.append(u["embeddings"][pick])
+            sel = torch.nonzero(u[P.EMBEDDING_CLASS] == c).flatten()
+            pick = sel[torch.multinomial(u[P.CLUSTER_SIZES][sel].double(), n, replacement=True, generator=g_cond)]
+            cond.append(u[P.EMBEDDINGS][pick])
         if opts.init == "gmm":
-            i = int(torch.nonzero(u["gmm_class"] == c)[0])
-            z = sample_gmm(u["gmm_weights"][i], u["gmm_means"][i], u["gmm_variances"][i], n, g_noise)
+            i = int(torch.nonzero(u[P.GMM_CLASS] == c)[0])
+            z = sample_gmm(u[P.GMM_WEIGHTS][i], u[P.GMM_MEANS][i], u[P.GMM_VARIANCES][i], n, g_noise)
             noise.append(z.view(n, *latent_shape).float())
         else:
             noise.append(torch.randn(n, *latent_shape, generator=g_noise))
@@ -116,7 +116,6 @@ def synthesize_client(prior, u: dict[str, torch.Tensor], opts: P.EspressoOptions
 class EspressoStrategy(OneShotStrategy):
     """train (one upload per client) -> synthesis -> global classifier -> evaluate."""
 
-    phases = (P.TRAIN, P.EVALUATE)
     FIXED: dict[str, Any] = {}  # switches a registered baseline pins (prompts, class-embed)
 
     def __init__(self, run: ServerRun):
@@ -132,7 +131,8 @@ class EspressoStrategy(OneShotStrategy):
 
     def run_config_record(self, **extra: Any) -> ConfigRecord:
         """The run config with the pinned switches, so the clients learn what the method needs."""
-        fixed = {f"{P.NAMESPACE}.{k.replace('_', '-')}": v for k, v in {**self.FIXED, "gamma1": self.opts.gamma1}.items()}
+        ns = self.run.cfg.spec.namespace
+        fixed = {f"{ns}.{k.replace('_', '-')}": v for k, v in {**self.FIXED, "gamma1": self.opts.gamma1}.items()}
         return super().run_config_record(**fixed, **extra)
 
     # ---- phase 1: the uploads -----------------------------------------------------------------------
@@ -178,9 +178,10 @@ class EspressoStrategy(OneShotStrategy):
     # ---- server work: synthesis --------------------------------------------------------------------
     def num_synthetic(self) -> int:
         """How many images synthesis will make from the valid uploads."""
-        return sum(sum(images_per_class(u["class_counts"], self.opts.ratio).values()) for u in self.uploads.values())
+        return sum(sum(images_per_class(u[P.CLASS_COUNTS], self.opts.ratio).values()) for u in self.uploads.values())
 
-    def synthesize_all(self, prompt_cond: torch.Tensor, num_classes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    def synthesize_all(self, prompt_cond: torch.Tensor,
+                       num_classes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """The union of D'_k over the valid uploads (images, labels, client of each image, UNet evals per
         image); saves a grid of each client's synthetic images."""
         xs, ys, who, evals = [], [], [], 0

@@ -21,17 +21,17 @@ from typing import Any, Iterable
 
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord
-from flwr.serverapp.strategy import FedAvg, FedMedian, FedTrimmedAvg, Krum
+from flwr.serverapp.strategy import FedMedian, FedTrimmedAvg, Krum
 
 from fedapp.metrics import accuracy_by_group, weighted_client_accuracy
 from fedapp.models.classifier import build_classifier
 from fedapp.progress import Rounds
-from fedapp.protocols import ACCURACY_KEY, ARRAYS_KEY, NUM_EXAMPLES_KEY, RUN_KEY
+from fedapp.protocols import ACCURACY_KEY, NUM_EXAMPLES_KEY
 from fedapp.protocols import classify as P
-from fedapp.protocols.records import dtypes_of
 from fedapp.seeds import derive_seed
-from fedapp.server import FedappStrategy, ServerRun, keep_valid
+from fedapp.server import RoundStrategy, ServerRun, keep_valid
 from fedapp.server.checkpoint import save_checkpoint, save_model
+from fedapp.server.rounds import RECORD_KEYS
 
 log = logging.getLogger("fedapp")
 
@@ -40,22 +40,15 @@ log = logging.getLogger("fedapp")
 AGGREGATORS = {"mean": None, "median": FedMedian, "trimmed-mean": FedTrimmedAvg, "krum": Krum}
 
 
-class FedAvgStrategy(FedappStrategy, FedAvg):
+class FedAvgStrategy(RoundStrategy):
     train_phase = P.TRAIN  # a method whose clients report more train metrics declares its own
-    samples_clients = True  # honours `fraction-train`, `fraction-evaluate` (fedapp.preflight refuses them elsewhere)
 
     def __init__(self, run: ServerRun, **kwargs: Any):
-        n = run.cfg.min_clients
-        keys = dict(weighted_by_key=NUM_EXAMPLES_KEY, arrayrecord_key=ARRAYS_KEY, configrecord_key=RUN_KEY)
-        evaluates = run.cfg.fraction_evaluate > 0  # 0: no federated evaluation (Flower skips it)
-        super().__init__(min_train_nodes=n, min_evaluate_nodes=n if evaluates else 0, min_available_nodes=n,
-                         fraction_train=run.cfg.fraction_train, fraction_evaluate=run.cfg.fraction_evaluate,
-                         **keys, **kwargs)
-        self.bind(run)
+        # fraction-evaluate 0: no federated evaluation (Flower skips it)
+        super().__init__(run, fraction_train=run.cfg.fraction_train, fraction_evaluate=run.cfg.fraction_evaluate,
+                         **kwargs)
         robust = AGGREGATORS[run.cfg.aggregation]
-        self.aggregator = robust(**keys) if robust is not None else None
-        self._expected: dict[str, tuple] = {}
-        self._dtypes: dict[str, str] = {}
+        self.aggregator = robust(**RECORD_KEYS) if robust is not None else None
         self._client_acc: dict[int, dict[str, Any]] = {}
         self.round_offset = 0  # rounds a resumed run already has: Flower's loop counts from 1 again
         self.rounds = Rounds(run.cfg.num_server_rounds)  # the operator's round lines with an ETA
@@ -80,15 +73,11 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
         finally:
             random.setstate(state)
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
-        """The valid uploads only (the gate: fedapp.server.validation), aggregated as `aggregation` says."""
-        max_bytes = self.run.cfg.max_upload_bytes
-        valid = keep_valid(self.run, replies, self.train_phase,
-                           lambda c: P.validate_train(c, self._expected, max_bytes, self._dtypes))
-        self.on_valid_train(valid)
+    def aggregate_valid(self, server_round: int, valid: list[Message]):
+        """The round's valid uploads, aggregated as `aggregation` says."""
         if self.aggregator is not None:
             return self.aggregator.aggregate_train(server_round, valid)
-        return super().aggregate_train(server_round, valid)
+        return super().aggregate_valid(server_round, valid)
 
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
         replies = list(replies)
@@ -102,9 +91,6 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
         return super().aggregate_evaluate(server_round, replies) if replies else None
 
     # -- fedapp -------------------------------------------------------------------------
-    def on_valid_train(self, replies: list[Message]) -> None:
-        """Called with each round's validated train replies before Flower averages them."""
-
     def build_model(self) -> torch.nn.Module:
         """The global model (methods with a projection head override this)."""
         return build_classifier(self.run.cfg.model, self.server_data().info.num_classes)
@@ -138,11 +124,9 @@ class FedAvgStrategy(FedappStrategy, FedAvg):
             self.round_offset = self.run.resume_from.round
             self.rounds.first = self.round_offset + 1
         initial = ArrayRecord(model.state_dict())
-        self._expected = {k: tuple(a.shape) for k, a in initial.items()}
-        self._dtypes = dtypes_of(initial)
-        result = self.start(grid=grid, initial_arrays=initial, num_rounds=cfg.num_server_rounds - self.round_offset,
-                            timeout=cfg.round_timeout, train_config=self.run_config_record(),
-                            evaluate_config=self.run_config_record(), evaluate_fn=self.global_evaluate)
+        self.expect(initial)
+        result = self.run_rounds(grid, initial, cfg.num_server_rounds - self.round_offset,
+                                 evaluate_config=self.run_config_record(), evaluate_fn=self.global_evaluate)
         save_model(self.run.out, result.arrays.to_torch_state_dict())
         last = self.run.out.metrics[-1]
         self.run.out.plot_accuracy()

@@ -15,6 +15,7 @@ from typing import Any
 
 from flwr.app import Message
 
+from fedapp.models.classifier import feddifrc_classifier
 from fedapp.protocols import METRICS_KEY
 from fedapp.protocols import feddifrc as P
 from fedapp.protocols.records import partition_of
@@ -31,17 +32,29 @@ class FedDifRCStrategy(FedAvgStrategy):
 
     def build_model(self):
         """The classifier whose embedding (or projection head g on it) TDCL/NDCR act on."""
-        return P.build_model(self.run.cfg, self.server_data().info.num_classes)
+        return feddifrc_classifier(self.run.cfg, self.server_data().info.num_classes)
 
-    def on_valid_train(self, replies: list[Message]) -> None:
-        for r in replies:  # what each client's representation cache costs (reported once per client)
+    def build_prior(self) -> None:
+        """A built-in tiny prior not built yet is built here, once, before any client needs it: the nodes of a
+        simulation share this machine's cache and load it from there (deployed nodes build or copy their own)."""
+        from fedapp.models.prior import ensure_prior_built, tiny_prior_missing
+
+        cfg = self.run.cfg
+        if tiny_prior_missing(cfg.prior, cfg.dataset):
+            with self.run.phase("prior", f"building the tiny prior of {cfg.dataset} once, before round 1"):
+                ensure_prior_built(cfg.prior, cfg.dataset)
+
+    def aggregate_valid(self, server_round: int, valid: list[Message]):
+        for r in valid:  # what each client's representation cache costs (reported once per client)
             m = r.content.metric_records[METRICS_KEY]
             pid = partition_of(r)
             row = self._cache.setdefault(-1 if pid is None else pid, {"cache_bytes": 0, "feature_seconds": 0.0})
             row["cache_bytes"] = int(m.get(P.CACHE_BYTES, 0))
             row["feature_seconds"] += float(m.get(P.FEATURE_SECONDS, 0.0))
+        return super().aggregate_valid(server_round, valid)
 
     def execute(self, grid) -> dict[str, Any]:
+        self.build_prior()
         out = super().execute(grid)
         if self._cache:
             out["representation_cache_bytes"] = {str(k): v["cache_bytes"] for k, v in sorted(self._cache.items())}

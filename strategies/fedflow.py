@@ -18,29 +18,27 @@ from typing import Any, Callable, Iterable
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
-from flwr.serverapp.strategy import FedAvg
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from torch import nn
 from torch.nn import functional as F
 
 from fedapp.models.compose import joint_field
 from fedapp.models.flow import euler, sample_path
-from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY, RUN_KEY
+from fedapp.protocols import METRICS_KEY
 from fedapp.protocols import dcfm as P
-from fedapp.server import FedappStrategy, ServerRun, keep_valid
+from fedapp.server import RoundStrategy, ServerRun
 from fedapp.server.checkpoint import save_model
-from strategies.flow import FlowEvaluation, FlowStrategy, FlowTask, timed
+from strategies.flow import FlowEvaluation, FlowStrategy, FlowTask
 
 
-class FedFlowStrategy(FedappStrategy, FedAvg):
-    """FedAvg over one velocity net on Flower's own round loop; the shared evaluation at the end."""
+class FedFlowStrategy(RoundStrategy):
+    """FedAvg over one velocity net on Flower's own round loop; the shared evaluation at the end (no
+    evaluate round: the global model is scored once, on the server, after the last round)."""
+
+    train_phase = P.TRAIN
 
     def __init__(self, run: ServerRun):
-        n = run.cfg.min_clients
-        # no evaluate round: the global model is scored once, on the server, after the last round
-        super().__init__(fraction_evaluate=0.0, min_train_nodes=n, min_available_nodes=n,
-                         weighted_by_key=NUM_EXAMPLES_KEY, arrayrecord_key=ARRAYS_KEY, configrecord_key=RUN_KEY)
-        self.bind(run)
+        super().__init__(run)
         self.uploads = 0  # valid uploads of the last round: the summary's num_experts
 
     # -- Flower hooks -------------------------------------------------------------------
@@ -54,13 +52,15 @@ class FedFlowStrategy(FedappStrategy, FedAvg):
             m.content[P.PHASE_KEY] = phase
         return messages
 
-    def aggregate_train(self, server_round: int, replies: Iterable[Message]):
+    def validate_train(self, content: RecordDict) -> str | None:
+        return self.task.validate(content)
+
+    def aggregate_valid(self, server_round: int, kept: list[Message]):
         """Flower's num-examples-weighted mean of the valid uploads' experts.
 
         A reply carries the expert and its pair counts (the train phase's schema, checked by
         validate_expert); Flower averages every ArrayRecord of a reply and expects exactly one, so only
         the expert and the metrics go to its aggregation."""
-        kept = keep_valid(self.run, replies, P.TRAIN, self.task.validate)
         self.uploads = len(kept)
         models = [RecordDict({self.arrayrecord_key: r.content.array_records[P.EXPERT_KEY],
                               METRICS_KEY: r.content.metric_records[METRICS_KEY]}) for r in kept]
@@ -73,9 +73,8 @@ class FedFlowStrategy(FedappStrategy, FedAvg):
         nodes = sorted(grid.get_node_ids())
         self.task = FlowTask(self.run, self.server_data(len(nodes)))
         initial = ArrayRecord(self.task.new_model().state_dict())
-        with timed(self.run, "fedavg"):
-            result = self.start(grid=grid, initial_arrays=initial, num_rounds=cfg.num_server_rounds,
-                                timeout=cfg.round_timeout, train_config=self.run_config_record())
+        with self.run.phase("fedavg"):
+            result = self.run_rounds(grid, initial)
         global_model = self.task.load(result.arrays.to_torch_state_dict())
         save_model(self.run.out, global_model.state_dict())
         return FlowEvaluation(self.run, self.task).finish(lambda y, part: joint_field(global_model, y),
@@ -140,8 +139,6 @@ def routed_field(experts: list, router: Router, y: torch.Tensor) -> Callable:
 
 
 class DdmStrategy(FlowStrategy):
-    phases = (P.TRAIN, P.RECEIVE)
-
     def sampler(self, y: torch.Tensor, part: int) -> Callable:
         return routed_field([self.experts[a] for a in sorted(self.experts)], self.router, y)
 
@@ -149,7 +146,7 @@ class DdmStrategy(FlowStrategy):
         nodes = self.setup(grid)
         self.stage_one(grid, nodes, 0.0)
         ids, recs = self.frozen()
-        with timed(self.run, "router"):
+        with self.run.phase("router"):
             self.router = train_router([self.experts[a] for a in ids], self.task.shape, steps=self.opts.router_steps,
                                        batch=self.run.cfg.batch_size, lr=self.opts.lr,
                                        sample_steps=self.opts.sample_steps, seed=self.run.cfg.seed + 9,

@@ -12,8 +12,7 @@
 from __future__ import annotations
 
 import logging
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
 import torch
 from flwr.app import ArrayRecord, Message, RecordDict
@@ -32,13 +31,6 @@ log = logging.getLogger("fedapp")
 # (requested labels y, part) -> the velocity field (x, t) -> v a method samples with; `part` lets
 # local-only-flow split the requests across its experts
 Sampler = Callable[[torch.Tensor, int], Callable]
-
-
-@contextmanager
-def timed(run: ServerRun, name: str) -> Iterator[None]:
-    """One server phase: start and end lines, and its wall time in summary.json (ServerRun.phase)."""
-    with run.phase(name):
-        yield
 
 
 class FlowTask:
@@ -106,7 +98,7 @@ class FlowEvaluation:
         from fedapp.metrics import composition_accuracy, feature_distances
         from fedapp.models.classifier import embed_all, predict
 
-        with timed(self.run, "evaluation"):
+        with self.run.phase("evaluation"):
             readers = self.reference_classifiers()
             ref = {a: r.model for a, r in readers.items()}
             server = self.task.server
@@ -161,8 +153,6 @@ class FlowEvaluation:
 class FlowStrategy(PhasedStrategy):
     """A phased composition method: Stage I experts, the method's own phases, the shared evaluation."""
 
-    phases: tuple = (P.TRAIN,)
-
     def __init__(self, run: ServerRun):
         super().__init__(run)
         self.opts: P.DcfmOptions = run.cfg.options
@@ -191,7 +181,7 @@ class FlowStrategy(PhasedStrategy):
         """The train phase: every client trains its expert from scratch with L_FM + lambda L_CI
         (lambda 0: plain masked L_FM) and uploads it with its pair counts (one model transfer up)."""
         phase = {P.PHASE_KEY: P.phase_record(lambda_ci)}
-        with timed(self.run, "stage1"):
+        with self.run.phase("stage1"):
             self.keep_experts(self.exchange(grid, P.TRAIN, nodes, lambda n: phase, self.task.validate))
 
     def frozen(self) -> tuple[list[int], dict[int, ArrayRecord]]:

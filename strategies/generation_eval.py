@@ -103,7 +103,8 @@ class GenerationEval:
             gen = x[torch.isin(y, torch.tensor(classes))]
             out.update(feature_distances(name, self.features(gen), self.features(real), seed=self.run.cfg.seed))
         for metric in ("distance", "kid"):
-            out[f"mean_{metric}"] = float(np.mean([out[f"{g}_{metric}"] for g in self.groups if f"{g}_{metric}" in out]))
+            out[f"mean_{metric}"] = float(np.mean([out[f"{g}_{metric}"] for g in self.groups
+                                                   if f"{g}_{metric}" in out]))
         out["sample_accuracy"] = accuracy(self.ref, x, y)
         return out
 

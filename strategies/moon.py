@@ -1,6 +1,7 @@
 """MOON (Li, He & Song, CVPR 2021): FedAvg whose clients add the model-contrastive loss
 
-    L = L_CE + mu · l_con,   l_con = -log( exp(sim(z, z_glob)/tau) / (exp(sim(z, z_glob)/tau) + exp(sim(z, z_prev)/tau)) )
+    L = L_CE + mu · l_con,
+    l_con = -log( exp(sim(z, z_glob)/tau) / (exp(sim(z, z_glob)/tau) + exp(sim(z, z_prev)/tau)) )
 
 on the projection z of the local model, z_glob of the received global model and z_prev of the
 client's previous local model (kept in the node's Flower Context.state; clients/moon.py).

@@ -8,34 +8,34 @@ Protocol (phases, record keys, upload validation): fedapp/protocols/pfdm.py.
    bad upload.
 2. The server trains z_w on the union of the D~_m: Gaussian noise -> the mixture of the clients' noised
    images. pfdm.shared = relative: levels (t0, T] only (DDPM.loss with source_t = t0: the uploads are
-   already x_t0); algorithm2: a standard DDPM over (0, T] whose data are the uploads (P.shared_objective).
+   already x_t0); algorithm2: a standard DDPM over (0, T] whose data are the uploads
+   (fedapp.models.ddpm.shared_objective).
 3. `query.sample`: z_w goes to every client, which samples shared T -> t0 then private t0 -> 0 and
    returns the samples for scoring (an evaluation step, not part of the protocol).
 Evaluation (strategies/generation_eval.py: GenerationEval): Frechet distance on reference-classifier
 features per client for its majority/minority classes, and three attacks on what the server holds
-(here): loss-threshold membership inference on z_w, a nearest-neighbour memorisation check of z_w's
-own generations, and a reconstruction attempt from the uploads with a denoiser the server trains on
-its public data.
+(strategies/pfdm_attacks.py): loss-threshold membership inference on z_w, a nearest-neighbour
+memorisation check of z_w's own generations, and a reconstruction attempt from the uploads with a
+denoiser the server trains on its public data.
 summary.json `privacy`: epsilon (Theorem 5.1), delta, t0, clip.
 """
 
 from __future__ import annotations
 
 import logging
-import time
 from typing import Any
 
 import torch
 from flwr.app import ArrayRecord
 
-from fedapp.data import all_client_shards
-from fedapp.models.ddpm import DDPM, build_ddpm, train_ddpm
-from fedapp.privacy import clip_norm, privacy_record, privatize, resolve_t0
+from fedapp.models.ddpm import DDPM, build_ddpm, shared_objective, shared_sample, train_ddpm
+from fedapp.privacy import privacy_record, privatize, resolve_t0
 from fedapp.protocols import pfdm as P
 from fedapp.protocols.records import partition_of, tensors_of
 from fedapp.server import PhasedStrategy
 from fedapp.server.checkpoint import save_model
-from strategies.generation_eval import GenerationEval, loss_scores, memorisation, unit
+from strategies.generation_eval import GenerationEval
+from strategies.pfdm_attacks import attacks
 
 log = logging.getLogger("fedapp")
 
@@ -60,8 +60,6 @@ def t0_match_figures(at_t0: torch.Tensor, real: torch.Tensor, held_out: torch.Te
 
 
 class PFDMStrategy(PhasedStrategy):
-    phases = (P.TRAIN, P.SAMPLE)
-
     def __init__(self, run):
         super().__init__(run)
         o = run.cfg.options
@@ -69,11 +67,11 @@ class PFDMStrategy(PhasedStrategy):
         self.privacy = privacy_record(self.t0, o.clip, o.delta, o.accountant)
 
     def train_shared(self, x: torch.Tensor, y: torch.Tensor, num_classes: int) -> DDPM:
-        """z_w on the uploads only, with the objective pfdm.shared names (P.shared_objective)."""
+        """z_w on the uploads only, with the objective pfdm.shared names (shared_objective)."""
         cfg, o = self.run.cfg, self.run.cfg.options
         torch.manual_seed(cfg.seed)
         shared = build_ddpm(cfg.image_size, num_classes, flag=False, channels=o.channels)
-        t_range, source_t = P.shared_objective(o.shared, self.t0, shared.T)
+        t_range, source_t = shared_objective(o.shared, self.t0, shared.T)
         loss = train_ddpm(shared, x, y, steps=o.shared_steps, batch=o.batch, lr=o.lr, seed=cfg.seed,
                           t_range=t_range, source_t=source_t, device=self.run.device)
         self.run.out.log_metrics({"phase": "shared", "loss": loss, "num_uploads": len(x)})
@@ -84,9 +82,8 @@ class PFDMStrategy(PhasedStrategy):
         nodes = sorted(grid.get_node_ids())
         log.info("pfdm: t0=%d C=%g -> (epsilon=%.4f, delta=%g)-LDP per data point", self.t0, o.clip,
                  self.privacy["epsilon"], o.delta)
-        t = time.time()
-        ev = GenerationEval(run, len(nodes))
-        run.phase_seconds["reference-classifier"] = time.time() - t
+        with run.phase("reference-classifier"):
+            ev = GenerationEval(run, len(nodes))
         max_bytes = cfg.max_upload_bytes
 
         # 1. private training + local-DP uploads
@@ -96,10 +93,9 @@ class PFDMStrategy(PhasedStrategy):
         x_up, y_up = self.union(uploads)
 
         # 2. the shared denoiser z_w
-        t = time.time()
-        shared = self.train_shared(x_up, y_up, ev.num_classes)
-        save_model(run.out, shared.state_dict())  # z_w: what the server holds and sends
-        run.phase_seconds["shared-denoiser"] = time.time() - t
+        with run.phase("shared-denoiser"):
+            shared = self.train_shared(x_up, y_up, ev.num_classes)
+            save_model(run.out, shared.state_dict())  # z_w: what the server holds and sends
 
         # 3. personalised sampling on the clients (evaluation)
         payload = ArrayRecord(shared.state_dict())
@@ -107,17 +103,17 @@ class PFDMStrategy(PhasedStrategy):
                             lambda n: {P.SHARED_KEY: payload},
                             validate=lambda c: P.validate_samples(c, ev.shape, (P.X, P.Y, P.PRIVATE_ONLY)))
         samples = {partition_of(r): tensors_of(r.content.array_records[P.SAMPLES_KEY]) for r in got}
-        t = time.time()
-        metrics = ev.per_client({p: (s[P.X], s[P.Y]) for p, s in samples.items()})
-        # the non-collaborative reference from the same run: each private model alone, T -> 0
-        metrics.update(ev.per_client({p: (s[P.PRIVATE_ONLY], s[P.Y]) for p, s in samples.items()},
-                                     prefix="private_only_"))
-        for p, s in samples.items():
-            ev.save_grid(s[P.X], s[P.Y], f"pfdm_client{p}.png")
-            ev.save_grid(s[P.PRIVATE_ONLY], s[P.Y], f"private_only_client{p}.png")
-        metrics.update(self.attacks(ev, shared, uploads, len(nodes)))
-        metrics.update(self.t0_match(shared, ev))
-        run.phase_seconds["evaluation"] = time.time() - t
+        with run.phase("evaluation"):
+            metrics = ev.per_client({p: (s[P.X], s[P.Y]) for p, s in samples.items()})
+            # the non-collaborative reference from the same run: each private model alone, T -> 0
+            metrics.update(ev.per_client({p: (s[P.PRIVATE_ONLY], s[P.Y]) for p, s in samples.items()},
+                                         prefix="private_only_"))
+            for p, s in samples.items():
+                ev.save_grid(s[P.X], s[P.Y], f"pfdm_client{p}.png")
+                ev.save_grid(s[P.PRIVATE_ONLY], s[P.Y], f"private_only_client{p}.png")
+            # attacks on what the server holds (strategies/pfdm_attacks.py)
+            metrics.update(attacks(run, self.t0, ev, shared, uploads, (x_up, y_up), len(nodes)))
+            metrics.update(self.t0_match(shared, ev))
         metrics.update({"t0": self.t0, "epsilon": self.privacy["epsilon"], "num_uploads": len(x_up),
                         **ev.reader_figures()})
         run.out.log_metrics({"phase": "final", **metrics})
@@ -129,92 +125,18 @@ class PFDMStrategy(PhasedStrategy):
         return (torch.cat([u[P.X].float() for u in uploads.values()]),
                 torch.cat([u[P.Y].long() for u in uploads.values()]))
 
-    # ---- attacks on what the server holds ----------------------------------------------------------
-    def attacks(self, ev: GenerationEval, shared: DDPM, uploads: dict, num_partitions: int) -> dict[str, Any]:
-        from fedapp.metrics import mia_figures
-
-        cfg, o = self.run.cfg, self.run.cfg.options
-        g = torch.Generator().manual_seed(cfg.seed + 7)
-        x_up, y_up = self.union(uploads)
-        n = min(o.attack_samples, len(x_up), len(ev.server.test))
-        # MIA on z_w: members = uploads, non-members = held-out test images released the same way; the
-        # score is z_w's own training loss
-        mi = torch.randperm(len(x_up), generator=g)[:n]
-        ni = torch.randperm(len(ev.server.test), generator=g)[:n]
-        x_non = privatize(ev.server.test.x[ni], o.clip, self.t0, g)
-        t_range, source_t = P.shared_objective(o.shared, self.t0, shared.T)
-        out = mia_figures(loss_scores(shared, x_up[mi], y_up[mi], t_range, cfg.seed, source_t=source_t),
-                          loss_scores(shared, x_non, ev.server.test.y[ni], t_range, cfg.seed + 1, source_t=source_t))
-
-        shards = all_client_shards(cfg, num_partitions)  # EVALUATION ORACLE (the truth to score against)
-        # memorisation: z_w's own generations vs every client's training image
-        y_gen = torch.arange(n) % ev.num_classes
-        x0_hat = self.shared_generation(shared, y_gen, torch.Generator().manual_seed(cfg.seed + 8))
-        out.update({f"shared_{k}": v for k, v in memorisation(x0_hat, torch.cat([s.train.x for s in shards])).items()})
-        ev.save_grid(x0_hat, y_gen, "shared_only_x0.png")
-        out.update(self.reconstruction(ev, uploads, shards))
-        return out
-
     @torch.no_grad()
     def t0_match(self, shared: DDPM, ev: GenerationEval) -> dict[str, float]:
-        """Does z_w hand over what the private models expect? Its samples at level t0 (P.shared_sample) against held-out test images clipped and diffused to t0,
-        beside the same distance between two such releases of held-out data (public vs test): what an exact
-        z_w would score (t0_match_figures)."""
+        """Does z_w hand over what the private models expect? Its samples at level t0 (shared_sample) against
+        held-out test images clipped and diffused to t0, beside the same distance between two such releases of
+        held-out data (public vs test): what an exact z_w would score (t0_match_figures)."""
         cfg, o = self.run.cfg, self.run.cfg.options
         test, public = ev.server.test, ev.server.public
         n = min(o.attack_samples, len(test), len(public))
         g = torch.Generator().manual_seed(cfg.seed + 11)
         idx = torch.randperm(len(test), generator=g)[:n]
         y = test.y[idx].long()  # the test draw's class mix
-        at_t0 = P.shared_sample(shared, y, self.t0, o.shared, o.sample_steps, g)
+        at_t0 = shared_sample(shared, y, self.t0, o.shared, o.sample_steps, g)
         real = privatize(test.x[idx], o.clip, self.t0, g)
         held_out = privatize(public.x[torch.randperm(len(public), generator=g)[:n]], o.clip, self.t0, g)
         return t0_match_figures(at_t0, real, held_out, float(shared.abar[self.t0]), cfg.seed)
-
-    @torch.no_grad()
-    def shared_generation(self, shared: DDPM, y: torch.Tensor, g: torch.Generator) -> torch.Tensor:
-        """What z_w alone yields. relative: sampled T -> t0 + 1, then its one-step x0 estimate; algorithm2: its
-        samples as they are, x~-like (unit-normalised by `memorisation`, so the sqrt(abar_t0) scale is moot)."""
-        o = self.run.cfg.options
-        if o.shared == "algorithm2":
-            return shared.sample(len(y), y, steps=o.sample_steps // 2, generator=g, clip_x0=False)
-        x_t = shared.sample(len(y), y, t_start=shared.T, t_end=self.t0 + 1, steps=o.sample_steps // 2, generator=g)
-        a = shared.abar[self.t0 + 1]
-        return ((x_t - (1 - a).sqrt() * shared.eps(x_t, self.t0 + 1, y)) / a.sqrt()).clamp(-1, 1)
-
-    def reconstruction(self, ev: GenerationEval, uploads: dict, shards: list) -> dict[str, float]:
-        """Reconstruction attempt: a denoiser trained by the server on its public data (clipped, levels
-        (0, t0]) denoises client 0's uploads t0 -> 0. Scored on unit-normalised images: distance to the true
-        image vs to a random training image of the same class (labels are public), and how often the true
-        image is the nearest of all client 0's training images (chance: 1/n)."""
-        cfg, o = self.run.cfg, self.run.cfg.options
-        pid = 0 if 0 in uploads else min(uploads)
-        up, truth = uploads[pid], shards[pid].train
-        n = min(o.attack_samples, len(truth))
-        torch.manual_seed(cfg.seed + 9)
-        attacker = build_ddpm(cfg.image_size, ev.num_classes, flag=False, channels=o.channels)
-        pub = ev.server.public
-        train_ddpm(attacker, clip_norm(pub.x, o.clip), pub.y, steps=o.shared_steps, batch=o.batch, lr=o.lr,
-                   seed=cfg.seed + 9, t_range=(0, self.t0), device=self.run.device)
-        attacker = attacker.cpu()
-        g = torch.Generator().manual_seed(cfg.seed + 10)
-        idx = torch.randperm(len(truth), generator=g)[:n]
-        y = up[P.Y][idx].long()
-        x_hat = attacker.sample(n, y, t_start=self.t0, t_end=0, x_start=up[P.X][idx].float(),
-                                steps=o.sample_steps, generator=g)
-        d_all = torch.cdist(unit(x_hat), unit(truth.x))
-        d_true = d_all[torch.arange(n), idx]
-        rand = torch.stack([self._same_class_other(truth.y, int(i), g) for i in idx])
-        d_rand = d_all[torch.arange(n), rand]
-        k = min(8, n)  # top row: reconstructions, bottom row: the true images
-        ev.save_rows(torch.cat([x_hat[:k], truth.x[idx][:k]]), 2, "reconstruction.png")
-        return {"recon_true_distance": float(d_true.mean()), "recon_random_distance": float(d_rand.mean()),
-                "recon_closer_than_random": float((d_true < d_rand).double().mean()),
-                "recon_identified": float((d_all.argmin(1) == idx).double().mean()),
-                "recon_identified_chance": 1.0 / len(truth)}
-
-    @staticmethod
-    def _same_class_other(y: torch.Tensor, i: int, g: torch.Generator) -> torch.Tensor:
-        """A random index of another image with y[i]'s class (i itself if it is alone)."""
-        cand = torch.nonzero((y == y[i]) & (torch.arange(len(y)) != i)).flatten()
-        return cand[torch.randint(len(cand), (1,), generator=g)][0] if len(cand) else torch.tensor(i)

@@ -19,7 +19,6 @@ from fedapp.protocols.records import check_arrays, tensors_of
 from fedapp.server import PhasedStrategy
 
 # ---- protocol (would be fedapp/protocols/toy.py) -------------------------------------------------------
-NAMESPACE = "toy"
 COUNT_KEY = "label-count"  # ArrayRecord {sum: (1,), n: (1,)}
 COUNT = Phase("query.count", down=(), up=(COUNT_KEY,), doc="each client's label sum and count")
 PHASES = (COUNT,)
@@ -30,17 +29,12 @@ class ToyOptions:
     scale: float = opt(1.0, low=0.0, help="multiplies the reported mean")
 
 
-OPTIONS = ToyOptions
-
-
 def validate_count(content: RecordDict) -> str | None:
     return check_arrays(content.array_records.get(COUNT_KEY), {"sum": (1,), "n": (1,)})
 
 
 # ---- server side (would be strategies/toy.py) ----------------------------------------------------------
 class ToyStrategy(PhasedStrategy):
-    phases = PHASES
-
     def execute(self, grid) -> dict:
         replies = self.exchange(grid, COUNT, sorted(grid.get_node_ids()), validate=validate_count)
         counts = [tensors_of(r.content.array_records[COUNT_KEY]) for r in replies]
@@ -58,7 +52,8 @@ HANDLERS = {COUNT.message_type: handle_count}
 
 # ---- the registry line --------------------------------------------------------------------------------
 HERE = "tests.test_add_a_method"
-TOY = registry.MethodSpec(HERE, f"{HERE}:ToyStrategy", HERE, paper="a toy: the federation's mean label")
+TOY = registry.MethodSpec(HERE, f"{HERE}:ToyStrategy", HERE, paper="a toy: the federation's mean label",
+                          namespace="toy", options=f"{HERE}:ToyOptions")
 
 
 @pytest.fixture
@@ -67,8 +62,8 @@ def toy_registered(monkeypatch):
 
 
 def test_a_method_registered_from_a_test_module_runs_end_to_end(tmp_path, toy_registered):
-    cfg = {"method": "toy", "toy.scale": 2.0, "dataset": "digits", "partitioner.name": "iid", "partitioner.per-class": 5,
-           "min-clients": 3, "out-dir": str(tmp_path)}
+    cfg = {"method": "toy", "toy.scale": 2.0, "dataset": "digits", "partitioner.name": "iid",
+           "partitioner.per-class": 5, "min-clients": 3, "out-dir": str(tmp_path)}
     s = fedapp.simulate(cfg, num_clients=3)
     assert s["status"] == "completed" and s["failures"] == [] and s["metrics"]["clients"] == 3
     from fedapp.config import all_defaults, parse_run_config
@@ -85,3 +80,15 @@ def test_the_toy_options_are_validated_like_any_method(toy_registered):
     with pytest.raises(ConfigError, match=r"toy.scale=-1.0: must be >= 0"):
         parse_run_config({"method": "toy", "toy.scale": -1.0})
     assert "query.count" in registry.message_types()
+
+
+def test_the_registration_travels_with_the_client_app_into_another_process(toy_registered):
+    """Ray unpickles the ClientApp in its actors, whose registry lacks the method: the app re-registers it."""
+    import pickle
+
+    from fedapp.client_app import make_client_app
+
+    blob = pickle.dumps(make_client_app())
+    del registry.METHODS["toy"]  # what an actor's freshly imported registry looks like
+    pickle.loads(blob)
+    assert registry.METHODS["toy"] == TOY

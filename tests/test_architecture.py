@@ -1,6 +1,7 @@
 """The layering the README's Architecture section promises, checked on the source tree:
 no import circle, nothing in fedapp/ importing strategies/ or clients/ (the registry loads them by
-name), and no record key spelled outside fedapp/protocols/."""
+name), no record key spelled outside fedapp/protocols/, and no upload array name spelled outside its
+protocol module."""
 
 from __future__ import annotations
 
@@ -101,7 +102,8 @@ def _record_key_literals(tree: ast.AST) -> list[tuple[int, str]]:
         elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "RecordDict" \
                 and node.args and isinstance(node.args[0], ast.Dict):
             hits += [(k.lineno, k.value) for k in node.args[0].keys if isinstance(k, ast.Constant)]
-        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) and isinstance(node.left.value, str) \
+        elif isinstance(node, ast.Compare) and isinstance(node.left, ast.Constant) \
+                and isinstance(node.left.value, str) \
                 and any(isinstance(c, ast.Attribute) and c.attr in RECORD_ATTRS for c in node.comparators):
             hits.append((node.lineno, node.left.value))
     return hits
@@ -121,6 +123,57 @@ def test_no_record_key_literal_outside_protocol_modules():
 def test_the_literal_check_catches_what_it_should():
     src = 'r.content.array_records["upload"]; m.metric_records.get("metrics"); RecordDict({"x": a}); ctx.state["k"]'
     assert [k for _, k in _record_key_literals(ast.parse(src))] == ["upload", "metrics", "x", "k"]
+
+
+def _array_name_literals(tree: ast.AST, names: set[str]) -> list[tuple[int, str]]:
+    """Where `names` (a protocol's ARRAY_NAMES) are spelled: a string constant equal to one (a subscript,
+    a dict key, a .get argument), or a keyword of dict(...), .update(...) or ArrayRecord(...)."""
+    hits = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names:
+            hits.append((node.lineno, node.value))
+        elif isinstance(node, ast.Call):
+            func = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            if func in ("dict", "update", "ArrayRecord"):
+                hits += [(node.lineno, k.arg) for k in node.keywords if k.arg in names]
+    return hits
+
+
+def _protocol_array_names() -> dict[str, set[str]]:
+    """protocol module -> the names inside its ArrayRecords (its ARRAY_NAMES), for each that declares them."""
+    import importlib
+
+    out = {}
+    for name in _modules():
+        if name.startswith("fedapp.protocols."):
+            names = getattr(importlib.import_module(name), "ARRAY_NAMES", ())
+            if names:
+                out[name] = set(names)
+    return out
+
+
+def test_no_upload_array_name_literal_outside_its_protocol_module():
+    """An upload's array names are spelled once, in its protocol module: a module that imports the protocol
+    uses its constants (a misspelt name then fails at import, not as every upload rejected). Scoped to the
+    importers, so that generic names ("x", "y") stay free for other dicts elsewhere."""
+    graph, mods, declared = _graph(), _modules(), _protocol_array_names()
+    assert {"fedapp.protocols.espresso", "fedapp.protocols.pfdm", "fedapp.protocols.dcfm"} <= set(declared)
+    offenders = {}
+    for name, deps in graph.items():
+        for proto in sorted(set(deps) & set(declared) - {name}):
+            hits = _array_name_literals(ast.parse(mods[name].read_text()), declared[proto])
+            if hits:
+                offenders[f"{mods[name].relative_to(ROOT)} ({proto})"] = hits
+    assert offenders == {}
+
+
+def test_the_array_name_check_catches_what_it_should():
+    from fedapp.protocols import espresso
+
+    src = ('u["gmm_means"]; RecordDict({"embeddings": e}); up.get("class_counts"); out.update(gmm_class=c); '
+           'u[P.GMM_WEIGHTS]; d["other"]; """gmm_means (G, M, dim)"""')
+    hits = _array_name_literals(ast.parse(src), set(espresso.ARRAY_NAMES))
+    assert sorted(k for _, k in hits) == ["class_counts", "embeddings", "gmm_class", "gmm_means"]
 
 
 def _hard_coded_cpu(tree: ast.AST) -> list[int]:

@@ -333,5 +333,6 @@ def test_aggregation_picks_flowers_strategy_for_the_fedavg_family(tmp_path, aggr
 def test_aggregation_is_a_checked_config_choice():
     from fedapp.config import ConfigError
 
-    with pytest.raises(ConfigError, match="aggregation='mode': must be one of 'mean', 'median', 'trimmed-mean', 'krum'"):
+    with pytest.raises(ConfigError,
+                       match="aggregation='mode': must be one of 'mean', 'median', 'trimmed-mean', 'krum'"):
         parse_run_config({"aggregation": "mode"})

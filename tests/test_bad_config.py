@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 import fedapp
-from fedapp.config import ConfigError
+from fedapp.config import ConfigError, all_defaults, parse_run_config
 from fedapp.server_app import run_server
 
 FILE = "__a_file__"  # replaced by a path to an existing file
@@ -68,7 +68,8 @@ CASES = [
     ({"method": "espresso", "prior": "fedapp-tests/no-such-pipeline"},
      "prior='fedapp-tests/no-such-pipeline': not in the local Hugging Face cache"),
     ({"model": "/nonexistent/resnet"}, "model='/nonexistent/resnet': no such folder and not a hub id"),
-    ({"model": "fedapp-tests/no-such-resnet"}, "model='fedapp-tests/no-such-resnet': not in the local Hugging Face cache"),
+    ({"model": "fedapp-tests/no-such-resnet"},
+     "model='fedapp-tests/no-such-resnet': not in the local Hugging Face cache"),
     ({"dataset": "digits", "partitioner.name": "domain"}, "partitioner=domain: dataset digits has no domain attribute"),
 ]
 
@@ -143,3 +144,33 @@ def test_node_waiting_is_bounded_by_node_timeout(tmp_path):
     flat = {**all_defaults(), "min-clients": 5, "node-timeout": 0.5, "out-dir": str(tmp_path), "run-name": "r"}
     with pytest.raises(RuntimeError, match=r"min-clients=5: only 4 nodes connected within node-timeout=0.5 s"):
         run_server(_NoClientWork(), flat)
+
+
+@pytest.mark.parametrize("flat, key", [({"method": "feddifrc", "prior": "fedapp-tests/no-such-pipeline"}, "prior"),
+                                       ({"model": "fedapp-tests/no-such-resnet"}, "model")])
+def test_an_uncached_hub_id_on_an_offline_machine_fails_in_one_line_within_two_seconds(flat, key, tmp_path,
+                                                                                        monkeypatch):
+    import time
+
+    from fedapp import preflight as pf
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")  # not told it is offline: the hub is merely unreachable
+    monkeypatch.setenv("HF_ENDPOINT", "http://127.0.0.1:9")  # the discard port: nothing answers
+    flat, _ = _resolve(flat, "", tmp_path)
+    t0 = time.time()
+    with pytest.raises(ConfigError) as err:
+        pf.preflight(parse_run_config({**all_defaults(), **flat}))
+    assert time.time() - t0 < 2.0
+    _one_line(err, f"{key}='{flat[key]}': not in the local Hugging Face cache and the hub is unreachable")
+
+
+def test_an_uncached_hub_id_is_left_to_download_when_the_hub_answers(monkeypatch):
+    from fedapp import preflight as pf
+
+    monkeypatch.delenv("HF_HUB_OFFLINE")
+    monkeypatch.setattr(pf, "hub_reachable", lambda timeout=1.5: True)
+    assert pf.hub_missing("fedapp-tests/no-such-resnet", "config.json") is None
+    monkeypatch.setattr(pf, "hub_reachable", lambda timeout=1.5: False)
+    assert "unreachable" in pf.hub_missing("fedapp-tests/no-such-resnet", "config.json")
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert "HF_HUB_OFFLINE" in pf.hub_missing("fedapp-tests/no-such-resnet", "config.json")

@@ -59,3 +59,101 @@ def test_bad_values_give_one_line_naming_key_and_allowed(flat, needle):
     msg = str(err.value)
     assert needle in msg
     assert "\n" not in msg
+
+
+# ---- the method contract (fedapp.registry.MethodSpec) and the keys a run keeps ------------------------------
+def test_each_method_spec_states_its_traits():
+    from fedapp import registry
+
+    m = registry.METHODS
+    assert m["fedavg"].resumable and not m["centralized"].resumable  # centralized is one-shot: no checkpoint
+    assert not m["moon"].resumable  # its clients' previous models live in node state, not in the checkpoint
+    assert registry.names(lambda s: s.resumable) == ["fedavg", "fedprox", "feddifrc"]
+    assert registry.names(lambda s: s.samples_clients) == ["fedavg", "fedprox", "moon", "feddifrc"]
+    assert m["feddifrc"].uses_prior and not m["fedavg"].uses_prior
+    assert registry.names(lambda s: s.uses_prior) == ["feddifrc", "espresso", "prompts", "class-embed"]
+    assert registry.names(lambda s: s.preflight) == ["feddifrc", "espresso", "prompts", "class-embed"]
+    assert m["fedavg"].namespace is None and m["fedprox"].namespace == "fedprox" and m["dpdm"].namespace == "pfdm"
+    assert (m["espresso"].server_only_keys < set(all_defaults())
+            and "espresso.clusters" not in m["espresso"].server_only_keys)
+    with pytest.raises(ValueError, match="namespace and options go together"):
+        registry.MethodSpec("p", "s:S", "c", namespace="x")
+
+
+def test_each_spec_names_what_its_modules_hold():
+    """The import strings resolve, and the traits agree with the code that honours them: Flower FedAvg's
+    client sampling and the per-round checkpoint live in strategies.fedavg.FedAvgStrategy."""
+    import dataclasses
+
+    from fedapp import registry
+    from strategies.fedavg import FedAvgStrategy
+
+    for name, spec in registry.METHODS.items():
+        strategy = registry.strategy_class(name)
+        assert spec.samples_clients == issubclass(strategy, FedAvgStrategy), name
+        assert not spec.resumable or issubclass(strategy, FedAvgStrategy), name
+        assert registry.protocol(name).PHASES and registry.client_handlers(name), name
+        if spec.namespace:
+            assert dataclasses.is_dataclass(registry.options_class(spec.namespace)), name
+        if spec.preflight:
+            assert callable(registry.preflight_check(name)), name
+
+
+def test_a_run_keeps_the_common_keys_and_its_methods_namespace_only():
+    from fedapp.config import method_scoped
+
+    others = ("dcfm.", "pfdm.", "espresso.", "feddifrc.", "moon.", "fedprox.")
+    fedavg = parse_run_config({**all_defaults(), "method": "fedavg"}).flat()
+    assert not [k for k in fedavg if k.startswith(others)]
+    assert {"lr", "method", "image-size", "partitioner.name", "log.tensorboard"} <= set(fedavg)
+    dcfm = parse_run_config({**all_defaults(), "method": "fedflow", "dcfm.width": 48}).flat()
+    assert dcfm["dcfm.width"] == 48 and not [k for k in dcfm if k.startswith(others[1:])]
+    # what a client receives lacks other namespaces and parses to the same run
+    assert parse_run_config(dcfm).flat() == dcfm
+    old = method_scoped({**all_defaults(), "dcfm.width": 48}, "fedflow")  # a config.json of before: every method's keys
+    assert old["dcfm.width"] == 48 and "lr" in old and not [k for k in old if k.startswith(others[1:])]
+    with pytest.raises(ConfigError, match="pfdm.batch=0"):  # other namespaces given are still validated
+        parse_run_config({**all_defaults(), "method": "fedavg", "pfdm.batch": 0})
+
+
+def test_choosing_fedavg_imports_no_diffusion_code(tmp_path):
+    """A fedavg client parses its record without loading another protocol; the server, given every
+    namespace's defaults, validates them (loading their options) but imports no diffusers."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from fedapp.config import all_defaults, parse_run_config; "
+            "from fedapp.preflight import preflight\n"
+            f"flat = {{'method': 'fedavg', 'dataset': 'digits', 'partitioner.name': 'iid', "
+            f"'out-dir': {str(tmp_path)!r}}}\n"
+            "parse_run_config(parse_run_config(flat).flat())\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('fedapp.protocols.', 'strategies'))))\n"
+            "cfg = parse_run_config({**all_defaults(), **flat}); preflight(cfg); cfg.image_size\n"
+            "print(sorted(m for m in sys.modules if m.startswith(('diffusers', 'strategies'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, check=True).stdout
+    assert out.split() == ["[]", "[]"]
+
+
+def test_device_auto_in_a_ray_actor_given_no_gpu_is_the_cpu(monkeypatch):
+    """fedapp lets Ray show every GPU to every actor (RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO=0, which silences Ray's
+    FutureWarning): an actor with no GPU assigned must still train on the CPU, one with a GPU on it."""
+    import torch
+
+    import fedapp.config as C
+
+    cfg = parse_run_config({**all_defaults(), "device": "auto"})
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(C, "ray_gpu_ids", lambda: [])
+    assert cfg.torch_device() == "cpu"
+    monkeypatch.setattr(C, "ray_gpu_ids", lambda: ["0"])
+    assert cfg.torch_device() == "cuda"
+    monkeypatch.setattr(C, "ray_gpu_ids", lambda: None)  # not a Ray actor: the driver, an in-process run
+    assert cfg.torch_device() == "cuda"
+
+
+def test_fedapp_opts_into_rays_future_accelerator_behaviour():
+    import os
+
+    import fedapp  # noqa: F401
+
+    assert os.environ["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] == "0"

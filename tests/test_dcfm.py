@@ -7,7 +7,7 @@ import torch
 from clients.dcfm import train_expert
 from fedapp.models.compose import (ci_penalty, composite, mask_labels, mixture_composite, peer_ci_errors,
                                    peer_ci_penalty, route_valid, sample_route)
-from fedapp.models.flow import VelocityNet
+from fedapp.models.flow import VectorVelocityNet
 
 
 def test_masks_follow_their_probabilities():
@@ -57,8 +57,8 @@ def test_routes_always_include_the_local_expert():
 
 def test_peers_receive_no_gradient_in_variant_a():
     torch.manual_seed(0)
-    own = VelocityNet(dim=2, attribute_sizes=[2, 2], hidden=32)
-    peer = VelocityNet(dim=2, attribute_sizes=[2, 2], hidden=32)  # deliberately left trainable
+    own = VectorVelocityNet(dim=2, attribute_sizes=[2, 2], hidden=32)
+    peer = VectorVelocityNet(dim=2, attribute_sizes=[2, 2], hidden=32)  # deliberately left trainable
     x, t, y = torch.randn(16, 2), torch.rand(16), torch.randint(0, 2, (16, 2))
     loss = peer_ci_penalty(own, {1: peer}, 0, x, t, y, routes=[[1, 0, 1]])
     loss.backward()
@@ -71,7 +71,7 @@ def test_peers_receive_no_gradient_in_variant_a():
 
 def test_several_routes_score_each_slice_of_the_batch_under_its_own_route():
     torch.manual_seed(0)
-    own, peer = (VelocityNet(dim=2, attribute_sizes=[2, 2], hidden=32) for _ in range(2))
+    own, peer = (VectorVelocityNet(dim=2, attribute_sizes=[2, 2], hidden=32) for _ in range(2))
     x, t, y = torch.randn(8, 2), torch.rand(8), torch.randint(0, 2, (8, 2))
     routes = [[1, 0, 1], [0, 0, 0]]
     want = torch.cat([peer_ci_errors(own, {1: peer}, 0, x[:4], t[:4], y[:4], routes[0]),
@@ -132,7 +132,7 @@ def test_replay_paths_follow_the_routed_composite_teacher_and_the_student_sees_m
 
     seen = []
 
-    class Recorder(VelocityNet):
+    class Recorder(VectorVelocityNet):
         def forward(self, x, t, y=None):
             seen.append(y.clone())
             return super().forward(x, t, y)
@@ -147,7 +147,7 @@ def test_replay_paths_follow_the_routed_composite_teacher_and_the_student_sees_m
 
 def test_local_training_with_peer_ci_leaves_peers_unchanged():
     torch.manual_seed(0)
-    own, peer = (VelocityNet(dim=2, attribute_sizes=[2, 2], hidden=32) for _ in range(2))
+    own, peer = (VectorVelocityNet(dim=2, attribute_sizes=[2, 2], hidden=32) for _ in range(2))
     before = {k: v.clone() for k, v in peer.state_dict().items()}
     x, y = torch.randn(64, 2), torch.randint(0, 2, (64, 2))
     stats = train_expert(own, x, y, steps=5, batch=32, lr=1e-2, pi=(0.5, 0.3, 0.2), lambda_ci=1.0, seed=0,
@@ -244,7 +244,8 @@ def test_simulation_dcfm_a_sequential_schedule_moves_as_many_models_as_the_allga
 # The metric names every composition method reports (strategies/flow.py: FlowEvaluation.finish), and
 # each method's own: one name set per method, as the experiment tables read them.
 SHARED_METRICS = {f"{kind}_{m}" for kind in ("seen", "novel")
-                  for m in ("composition_accuracy", "digit_accuracy", "color_accuracy", "distance", "kid", "kid_std")} | {
+                  for m in ("composition_accuracy", "digit_accuracy", "color_accuracy", "distance", "kid",
+                            "kid_std")} | {
     "model_bytes", "model_transfers_per_client", "model_transfers_by_client", "num_experts",
     "reader_accuracy", "reader_unreliable", "unreliable_readers"}
 IN_PROCESS = {  # run config, own metrics, server phases timed, model transfers per client (N = 3, R = 1, T = 2)
@@ -258,6 +259,7 @@ IN_PROCESS = {  # run config, own metrics, server phases timed, model transfers 
 }
 
 
+@pytest.mark.filterwarnings("error")  # a run prints no warning, fedapp's or a library's
 @pytest.mark.parametrize("name", sorted(IN_PROCESS))
 def test_every_flow_method_runs_its_protocol_on_an_in_process_grid(tmp_path, name):
     from fedapp.simulation import simulate_in_process
@@ -284,7 +286,7 @@ def test_every_flow_method_runs_its_protocol_on_an_in_process_grid(tmp_path, nam
 def test_toy_cli_writes_nothing_on_help_or_a_bad_argument(tmp_path, monkeypatch, argv):
     from experiments.dcfm_toy import main
 
-    monkeypatch.chdir(tmp_path)  # the default --out is docs/ under the working directory
+    monkeypatch.chdir(tmp_path)  # the default --out is docs/results/ under the working directory
     with pytest.raises(SystemExit) as exit_:
         main([*argv, "--out", str(tmp_path / "out")] if argv != ["--help"] else argv)
     assert exit_.value.code == (0 if argv == ["--help"] else 2)

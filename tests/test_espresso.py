@@ -138,11 +138,13 @@ def test_gmm_is_fitted_at_the_samplers_first_level(prior, shard, monkeypatch, sp
     opts = _opts(**{"espresso.conditions": "prompts", "espresso.steps": 7, "espresso.spacing": spacing})
     fitted_at = []
     real_gmm = client.class_noise_gmm
-    monkeypatch.setattr(client, "class_noise_gmm", lambda p, z0, **kw: fitted_at.append(kw["t_T"]) or real_gmm(p, z0, **kw))
+    monkeypatch.setattr(client, "class_noise_gmm",
+                        lambda p, z0, **kw: fitted_at.append(kw["t_T"]) or real_gmm(p, z0, **kw))
     up = _upload(prior, shard, opts)
     sampled_at = []
     real_predict = prior.predict_noise
-    monkeypatch.setattr(prior, "predict_noise", lambda z, t, *a, **k: sampled_at.append(int(t)) or real_predict(z, t, *a, **k))
+    monkeypatch.setattr(prior, "predict_noise",
+                        lambda z, t, *a, **k: sampled_at.append(int(t)) or real_predict(z, t, *a, **k))
     noise = server.sample_gmm(up["gmm_weights"][0], up["gmm_means"][0], up["gmm_variances"][0], 2, torch.Generator())
     server.denoise(prior, noise.view(2, *prior.latent_shape), prior.encode_prompts(["a digit"]).expand(2, -1, -1),
                    dataclasses.replace(opts, gamma1=3.0))
@@ -499,7 +501,8 @@ def test_condition_diagnostic_runs_each_learner_and_refuses_a_bad_setting(prior,
     cfg = parse_run_config({"method": "espresso", **FAST})
     prompts = class_prompts(DATASET, shard.info.class_names)
     for text in ("2:0.05:1", "2:0.01:4:minibatch"):
-        row = ec.run_setting(ec.parse_setting(text), cfg, prior, [shard], prompts, {"class": Reader(), "domain": Reader()},
+        row = ec.run_setting(ec.parse_setting(text), cfg, prior, [shard], prompts,
+                             {"class": Reader(), "domain": Reader()},
                              ["photo", "sketch", "clipart", "quickdraw"], seed=0)
         assert row["domain_fidelity"] == 1.0 and row["class_fidelity"] == pytest.approx(1 / 10)  # 3 per class
         assert len(row["client_seconds"]) == 1

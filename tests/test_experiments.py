@@ -1,5 +1,5 @@
 """The table commands (`python -m experiments <name>`): asking for help or giving a bad option writes
-nothing, neither under docs/ (the default --out) nor anywhere else below the working directory."""
+nothing, neither under docs/results/ (the default --out) nor anywhere else below the working directory."""
 
 import hashlib
 import os
@@ -20,7 +20,7 @@ def _snapshot(folder: Path) -> dict[str, tuple[int, str]]:
 
 
 def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
-    # run where a user would (docs/ below the working directory), with the repository importable
+    # run where a user would (docs/results/ below the working directory), with the repository importable
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
     return subprocess.run([sys.executable, "-m", "experiments", *args], cwd=cwd, env=env, capture_output=True,
                           text=True, timeout=300)
@@ -28,8 +28,8 @@ def _run(cwd: Path, *args: str) -> subprocess.CompletedProcess:
 
 @pytest.fixture
 def workdir(tmp_path):
-    (tmp_path / "docs").mkdir()
-    (tmp_path / "docs" / "espresso_ablation.json").write_text("{}\n")  # a table already there
+    (tmp_path / "docs" / "results").mkdir(parents=True)
+    (tmp_path / "docs" / "results" / "espresso_ablation.json").write_text("{}\n")  # a table already there
     return tmp_path
 
 
@@ -53,7 +53,8 @@ def test_a_bad_run_config_value_stops_before_writing(workdir):
     bad = _run(workdir, "espresso-ablation", "--seeds", "0", "--set", "espresso.sampler=euler")
     assert bad.returncode != 0 and "espresso.sampler='euler'" in bad.stderr
     assert len(bad.stderr.strip().splitlines()) == 1  # one line naming key, value and what is allowed
-    assert _snapshot(workdir) == {"docs/espresso_ablation.json": _snapshot(workdir)["docs/espresso_ablation.json"]}
+    table = "docs/results/espresso_ablation.json"
+    assert _snapshot(workdir) == {table: _snapshot(workdir)[table]}
 
 
 def test_the_dispatcher_lists_experiments_and_rejects_unknown_names(workdir):

@@ -1,6 +1,6 @@
 """What every table prints beside its means (experiments.common): convergence verdicts, same-seed
 differences, the CPU budget of --jobs/--threads; and how the FedDifRC, PFDM and DCFM tables use them
-(compute per row, the PFDM oracle's budget). Synthetic inputs, plus the tables already in docs/."""
+(compute per row, the PFDM oracle's budget). Synthetic inputs, plus the tables already in docs/results/."""
 
 import argparse
 import json
@@ -12,7 +12,7 @@ from experiments import common
 from experiments.common import (all_converged, check_cpu_budget, classification_verdict, generative_verdict,
                                 paired_difference, paired_text)
 
-DOCS = Path(__file__).resolve().parents[1] / "docs"
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "results"
 
 
 # ---- verdicts ------------------------------------------------------------------------------------------------
@@ -51,7 +51,8 @@ def test_generative_verdict_needs_90_percent_of_the_oracle_samples():
 def test_a_cell_is_converged_only_if_every_seed_is():
     ok, short = classification_verdict([50.0] * 20), classification_verdict([50.0] * 3)
     both = all_converged([ok, short])
-    assert not both["converged"] and both["reason"] == "too short" and (both["seeds"], both["converged_seeds"]) == (2, 1)
+    assert (not both["converged"] and both["reason"] == "too short"
+            and (both["seeds"], both["converged_seeds"]) == (2, 1))
     assert all_converged([ok, ok])["converged"] and not all_converged([])["converged"]
 
 
@@ -208,7 +209,8 @@ def test_pfdm_verdict_from_the_oracle_and_paired_rows_against_local_only_and_the
     by_cell = {("local-only", 4, 10.0): [_pfdm_run("local-only", s, mean_distance=d, minority_kid=1.0)
                                          for s, d in ((0, 5.0), (1, 6.0))],
                ("pfdm", 4, 10.0): [_pfdm_run("pfdm", s, mean_distance=d, minority_kid=0.5, private_only_mean_distance=p,
-                                             private_only_minority_kid=0.5) for s, d, p in ((0, 4.0, 4.5), (1, 7.0, 6.0))]}
+                                             private_only_minority_kid=0.5)
+                                   for s, d, p in ((0, 4.0, 4.5), (1, 7.0, 6.0))]}
     rows = {(q["method"], q["against"]): q for q in paired_rows(by_cell, 4, 10.0)}
     vs_local, vs_private = rows["pfdm", "local-only"], rows["pfdm", "its private model alone"]
     assert vs_local["mean_distance"] == {"mean": 0.0, "std": 1.0, "n": 2, "favour": 1}  # -1, +1
@@ -252,7 +254,8 @@ def test_dcfm_rows_compute_verdict_per_split_and_paired_rows():
     (q,) = paired_rows(rows)  # dcfm-a against fedflow at iid: the only pair both have
     assert (q["method"], q["against"], q["split"]) == ("dcfm-a", "fedflow", "iid")
     assert q["novel_distance"] == {"mean": -1.5, "std": 0.5, "n": 2, "favour": 2}
-    assert q["novel_composition_accuracy"]["mean"] == pytest.approx(0.1) and q["novel_composition_accuracy"]["favour"] == 2
+    assert (q["novel_composition_accuracy"]["mean"] == pytest.approx(0.1)
+            and q["novel_composition_accuracy"]["favour"] == 2)
     text = table(rows, {"fedflow": {"steps": 500, "images_seen": 16000}})
     assert text.splitlines()[2].endswith("500       16,000  converged")
     assert text.splitlines()[4].endswith("  not converged")  # fedflow, non-iid

@@ -172,7 +172,8 @@ def test_mnist_5k_is_real_mnist_and_resizes():
 def test_colored_mnist_is_grey_digit_times_colour():
     base = sources.load_base("colored-mnist")
     grey = sources.load_base("mnist-5k").x[:, 0]
-    assert np.array_equal(base.attrs["digit"], base.y) and set(base.attrs["color"].tolist()) == set(range(len(fd.COLORS)))
+    assert (np.array_equal(base.attrs["digit"], base.y)
+            and set(base.attrs["color"].tolist()) == set(range(len(fd.COLORS))))
     for c, rgb in enumerate(fd.COLORS.values()):
         rows = np.flatnonzero(base.attrs["color"] == c)
         xc = base.x[torch.from_numpy(rows)]
@@ -216,7 +217,8 @@ def test_app_config_check_refuses_domain_on_mnist_5k():
     with pytest.raises(ConfigError, match=r"^partitioner=domain: dataset mnist-5k has no domain attribute") as e:
         check_data(cfg, 4)
     assert "\n" not in str(e.value)
-    ok = parse_run_config({"method": "fedavg", "dataset": "mnist-styles", "partitioner.name": "domain", "image-size": 28})
+    ok = parse_run_config({"method": "fedavg", "dataset": "mnist-styles", "partitioner.name": "domain",
+                           "image-size": 28})
     check_data(ok, 4)
 
 
@@ -424,8 +426,10 @@ def _call(dataset="digits", partitioner="iid", params=None, seed=0, pid=0, n=4, 
         (dict(partitioner="dirichlet", params={"beta": 1}), "partitioner.beta=1"),
         (dict(partitioner="pathological", params={"classes-per-client": 11}), "partitioner.classes-per-client=11"),
         (dict(partitioner="pathological", params={"classes-per-client": 1.5}), "partitioner.classes-per-client=1.5"),
-        (dict(dataset="colored-digits", partitioner="attribute-holdout", params={"coverage": 0}), "partitioner.coverage=0"),
-        (dict(dataset="colored-digits", partitioner="attribute-holdout", params={"coverage": 0.1}), "partitioner.coverage=0.1"),
+        (dict(dataset="colored-digits", partitioner="attribute-holdout", params={"coverage": 0}),
+         "partitioner.coverage=0"),
+        (dict(dataset="colored-digits", partitioner="attribute-holdout", params={"coverage": 0.1}),
+         "partitioner.coverage=0.1"),
         (dict(dataset="colored-digits", partitioner="attribute-holdout", params={"split": "x"}), "partitioner.split=x"),
         (dict(partitioner="minority", params={"minority-classes": 10}), "partitioner.minority-classes=10"),
         (dict(partitioner="minority", params={"minority-fraction": 1.5}), "partitioner.minority-fraction=1.5"),
@@ -577,7 +581,8 @@ def test_image_folder_with_one_class_is_a_one_line_error(image_folders, monkeypa
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(image_folders / "cache"))
     path = str(image_folders / "one-class")
-    with pytest.raises(ValueError, match=rf"^dataset={re.escape(path)}: no label column .*one sub-folder per class") as e:
+    with pytest.raises(ValueError,
+                       match=rf"^dataset={re.escape(path)}: no label column .*one sub-folder per class") as e:
         fd.dataset_info(path)
     assert "\n" not in str(e.value)
 
@@ -588,7 +593,8 @@ def test_image_folder_with_one_class_is_a_one_line_error(image_folders, monkeypa
 def test_split_subset_and_preview(tmp_path):
     s = fd.load_client_shard("colored-digits", "iid", {}, 0, 0, 4).train
     sub = s.subset(torch.arange(20))
-    assert len(sub) == 20 and torch.equal(sub.attrs["color"], s.attrs["color"][:20]) and torch.equal(sub.index, s.index[:20])
+    assert (len(sub) == 20 and torch.equal(sub.attrs["color"], s.attrs["color"][:20])
+            and torch.equal(sub.index, s.index[:20]))
     path = save_grid(sub, tmp_path / "grid.png", nrow=5)
     from PIL import Image
 

@@ -8,15 +8,15 @@ import pytest
 import torch
 
 import fedapp
-
-ONE_ACTOR = {"client_resources": {"num_cpus": 2, "num_gpus": 0.0}}  # one Ray actor: one torch import on 2 cores
 from clients import feddifrc as fd
 from clients import feddifrc_targets as T
 from fedapp.client_context import ClientContext
 from fedapp.config import ConfigError, all_defaults, parse_run_config
-from fedapp.models.classifier import ProjectedClassifier
+from fedapp.models.classifier import ProjectedClassifier, feddifrc_classifier
 from fedapp.models.features import UNetFeatureExtractor
 from fedapp.models.prior.tiny import TEST_CONFIG, random_tiny_prior
+
+ONE_ACTOR = {"client_resources": {"num_cpus": 2, "num_gpus": 0.0}}  # one Ray actor: one torch import on 2 cores
 
 
 @pytest.fixture(scope="module")
@@ -88,7 +88,8 @@ def test_normalised_ndcr_forms_ignore_the_scale_of_either_vector(form):
     assert base > 0
     for a, b in ((3.0, 1.0), (1.0, 0.01), (50.0, 7.0)):
         assert fd.ndcr_loss(a * z, b * H, form).item() == pytest.approx(base, rel=1e-5)
-    assert fd.ndcr_loss(z, H, "l2").item() != pytest.approx(fd.ndcr_loss(3 * z, H, "l2").item())  # the raw form does not
+    # the raw form does not
+    assert fd.ndcr_loss(z, H, "l2").item() != pytest.approx(fd.ndcr_loss(3 * z, H, "l2").item())
     assert fd.ndcr_loss(H, 4 * H, form).item() == pytest.approx(0.0, abs=1e-6)
 
 
@@ -220,9 +221,9 @@ def test_dynamic_condition_follows_the_local_model(prior_dir):
     ctx = _ctx(prior_dir, pid=0, **{"feddifrc.dynamic-condition": 0.5})
     static, _ = fd.client_targets(ctx)
     torch.manual_seed(0)
-    m1 = fd.build_model(ctx.cfg, 10)
+    m1 = feddifrc_classifier(ctx.cfg, 10)
     torch.manual_seed(1)
-    m2 = fd.build_model(ctx.cfg, 10)
+    m2 = feddifrc_classifier(ctx.cfg, 10)
     d1, d1_again, d2 = (fd.dynamic_targets(ctx, static, m) for m in (m1, m1, m2))
     assert torch.equal(d1.F, d1_again.F)  # a function of the model, not of chance
     assert not torch.allclose(d1.F, d2.F, atol=1e-4)  # another model, other conditions, other targets
@@ -270,7 +271,7 @@ def test_regulariser_acts_on_the_chosen_feature_of_the_forward_pass(prior_dir, f
     extra = {"feddifrc.feature-on": feature_on}
     ctx = _ctx(prior_dir, pid=0, **extra)
     t = fd.compute_targets(ctx)
-    model = fd.build_model(ctx.cfg, 10)
+    model = feddifrc_classifier(ctx.cfg, 10)
     assert isinstance(model, ProjectedClassifier)
     assert any(k.startswith("proj.") for k in model.state_dict()) == (feature_on == "head")
     reg = fd.FedDifRCLoss(t, lambda_tdcl=1.0, lambda_ndcr=1.0, tau=0.04)
@@ -294,3 +295,34 @@ def test_feddifrc_simulation_end_to_end(tmp_path, prior_dir):
     assert 0.0 <= s["metrics"]["accuracy"] <= 1.0
     assert set(s["metrics"]["representation_cache_bytes"]) == {"0", "1"}
     assert s["metrics"]["representation_cache_bytes_total"] > 0
+
+
+def test_a_tiny_prior_not_built_yet_is_built_once_on_the_server_before_any_client_needs_it(tmp_path, monkeypatch):
+    """prior = "tiny" on a fresh machine: the server builds it (here a fast stand-in for the 15-minute build)
+    in a `prior` phase before round 1, and every client then loads it from the shared cache."""
+    import json
+
+    import fedapp.models.prior.tiny as tiny_pkg
+    from fedapp.models.prior import resolve_prior, tiny_prior_missing
+    from fedapp.simulation import simulate_in_process
+
+    monkeypatch.setenv("FEDAPP_CACHE", str(tmp_path / "cache"))
+    builds = []
+
+    def fake_build(dataset, image_size, cache_dir=None, domains=None, **_):
+        folder = resolve_prior("tiny", dataset).folder
+        random_tiny_prior(TEST_CONFIG, image_size=image_size, seed=3).save_pretrained(folder)
+        (folder / "prior_meta.json").write_text(json.dumps({"dataset": dataset}))
+        builds.append(dataset)
+        return folder
+
+    monkeypatch.setattr(tiny_pkg, "build_tiny_prior", fake_build)
+    assert tiny_prior_missing("tiny", "digits")
+    s = simulate_in_process({**_flat("tiny"), "num-server-rounds": 1, "local-epochs": 1, "min-clients": 2,
+                             "out-dir": str(tmp_path / "runs")}, 2)
+    assert s["status"] == "completed" and s["failures"] == []
+    assert builds == ["digits"] and "prior" in s["phase_seconds"]
+    assert not tiny_prior_missing("tiny", "digits")
+    s = simulate_in_process({**_flat("tiny"), "num-server-rounds": 1, "local-epochs": 1, "min-clients": 2,
+                             "out-dir": str(tmp_path / "runs")}, 2)
+    assert builds == ["digits"] and "prior" not in s["phase_seconds"]  # built once: later runs load it

@@ -84,5 +84,6 @@ def test_intra_class_diversity_is_the_mean_pairwise_distance_and_its_ratio_scale
     fake = real.clone()
     fake[ry == 1] *= 0.5  # class 1 collapsed to half its spread, the rest a copy of the real data
     r = diversity_ratio(fake, ry, real, ry)
-    assert r["per_class"] == {0: pytest.approx(1.0), 1: pytest.approx(0.5), 2: pytest.approx(1.0), 3: pytest.approx(1.0)}
+    assert r["per_class"] == {0: pytest.approx(1.0), 1: pytest.approx(0.5), 2: pytest.approx(1.0),
+                              3: pytest.approx(1.0)}
     assert r["mean"] == pytest.approx(3.5 / 4)

@@ -1,6 +1,8 @@
 """fedapp.simulation's in-process runs: InProcessGrid (the ClientApp's handler without Ray),
 simulate_in_process, and the ReplyCache experiments share between runs."""
 
+import json
+
 import pytest
 import torch
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -13,7 +15,8 @@ from fedapp.protocols.records import tensors_of
 from fedapp.server_app import run_server
 from fedapp.simulation import InProcessGrid, ReplyCache, simulate_in_process
 
-pytestmark = pytest.mark.usefixtures("inside_a_run", "one_torch_thread")
+# a warning in a run (fedapp's or a library's) fails the test: the default runs print none
+pytestmark = [pytest.mark.usefixtures("inside_a_run", "one_torch_thread"), pytest.mark.filterwarnings("error")]
 
 ESPRESSO = {"method": "espresso", "dataset": "digit-styles", "partitioner.name": "domain", "partitioner.per-class": 2,
             "min-clients": 2, "espresso.embed-steps": 3, "espresso.steps": 3, "espresso.ratio": 1.0,
@@ -96,10 +99,57 @@ def test_a_stateful_client_gets_its_state_back_from_the_cache(tmp_path):
     first, second = InProcessGrid(2, reply_cache=cache), InProcessGrid(2, reply_cache=cache)
     s1 = run_server(first, {**flat, "run-name": "moon"})
     misses = cache.misses
-    s2 = run_server(second, {**flat, "run-name": "moon"})  # the same run again (moon's protocol has no server-only keys)
+    # the same run again (moon's protocol has no server-only keys)
+    s2 = run_server(second, {**flat, "run-name": "moon"})
     assert cache.misses == misses and cache.hits == misses  # every call of the second run reused
     assert s2["metrics"]["accuracy"] == s1["metrics"]["accuracy"]
     for n1, n2 in zip(first.nodes.values(), second.nodes.values()):
         p1 = n1.state.array_records[STATE_PREV_MODEL].to_torch_state_dict()
         p2 = n2.state.array_records[STATE_PREV_MODEL].to_torch_state_dict()
         assert p1.keys() == p2.keys() and all(torch.equal(p1[k], p2[k]) for k in p1)
+
+
+@pytest.mark.parametrize("method, own", [("fedavg", None), ("fedprox", "fedprox.mu")])
+def test_a_round_based_run_sends_its_clients_the_common_keys_and_its_own_namespace_only(tmp_path, method, own):
+    from fedapp.protocols import FLOWER_CONFIG_KEYS
+    from fedapp.report import REPORT
+    from fedapp.simulation import resolve_run_config
+
+    class Recording(InProcessGrid):
+        def deliver(self, msg):
+            sent.append((msg.metadata.message_type, dict(msg.content.config_records[RUN_KEY])))
+            return super().deliver(msg)
+
+    sent = []
+    flat, run_dir = resolve_run_config({"method": method, "dataset": "digits", "partitioner.name": "iid",
+                                        "partitioner.per-class": 3, "num-server-rounds": 1, "local-epochs": 1,
+                                        "min-clients": 2, "out-dir": str(tmp_path)}, 2)
+    assert any(k.startswith("dcfm.") for k in flat)  # the server is given every method's defaults
+    assert run_server(Recording(2), flat)["status"] == "completed"
+    assert {t for t, _ in sent} == {"train", "evaluate"}
+    others = ("dcfm.", "pfdm.", "espresso.", "feddifrc.", "moon.") + (("fedprox.",) if own is None else ())
+    config = json.loads((run_dir / "config.json").read_text())
+    for _, rec in sent:
+        assert not [k for k in rec if k.startswith(others)]
+        assert {"lr", "partitioner.name", "log.tensorboard"} <= set(rec) and (own is None or own in rec)
+        assert {k: v for k, v in rec.items() if k not in FLOWER_CONFIG_KEYS} == config
+    table = (run_dir / REPORT).read_text().split("## Config")[1]
+    assert "| lr |" in table and not any(f"| {ns}" in table for ns in others)
+
+
+# The two families the tests above do not run in process (pfdm, feddifrc), at their smallest; with the
+# module's filterwarnings("error"), a warning in a client fails the run and so the test.
+QUIET = {
+    "pfdm": {"method": "pfdm", "dataset": "colored-digits", "partitioner.name": "minority", "partitioner.per-class": 0,
+             "image-size": 8, "num-server-rounds": 1, "pfdm.local-steps": 2, "pfdm.shared-steps": 2, "pfdm.samples": 20,
+             "pfdm.sample-steps": 2, "pfdm.attack-samples": 10, "pfdm.ref-epochs": 1, "pfdm.batch": 16},
+    "feddifrc": {"method": "feddifrc", "dataset": "digits", "feddifrc.up-blocks": "0,1", "partitioner.name": "iid",
+                 "partitioner.per-class": 3, "num-server-rounds": 1, "local-epochs": 1},
+}
+
+
+@pytest.mark.parametrize("method", sorted(QUIET))
+def test_a_small_run_prints_no_warning(tmp_path, prior_dir, method):
+    prior = {"prior": prior_dir} if method == "feddifrc" else {}
+    s = simulate_in_process({**QUIET[method], **prior, "min-clients": 2, "out-dir": str(tmp_path)}, 2)
+    assert s["status"] == "completed" and s["failures"] == []

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 import fedapp
-
-ONE_ACTOR = {"client_resources": {"num_cpus": 2, "num_gpus": 0.0}}  # one Ray actor: one torch import on 2 cores
 from clients import moon
 from fedapp.config import all_defaults
 from fedapp.protocols.moon import STATE_PREV_MODEL
+
+ONE_ACTOR = {"client_resources": {"num_cpus": 2, "num_gpus": 0.0}}  # one Ray actor: one torch import on 2 cores
 
 
 def test_l_con_prefers_the_global_model_and_is_log2_when_both_coincide():

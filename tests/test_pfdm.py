@@ -10,8 +10,8 @@ import torch
 from fedapp.privacy import (clip_norm, forward_diffuse, ldp_epsilon, ldp_sigma2, linear_abar, privatize,
                             resolve_t0, smallest_t0)
 
-TINY = {"dataset": "colored-digits", "partitioner": "minority", "partitioner.per-class": 0, "image-size": 8, "min-clients": 2,
-        "num-server-rounds": 1, "pfdm.local-steps": 3, "pfdm.shared-steps": 3, "pfdm.samples": 30,
+TINY = {"dataset": "colored-digits", "partitioner": "minority", "partitioner.per-class": 0, "image-size": 8,
+        "min-clients": 2, "num-server-rounds": 1, "pfdm.local-steps": 3, "pfdm.shared-steps": 3, "pfdm.samples": 30,
         "pfdm.sample-steps": 3, "pfdm.attack-samples": 20, "pfdm.ref-epochs": 1, "pfdm.batch": 16}
 
 
@@ -203,6 +203,7 @@ def test_generation_baseline_reports_the_same_metric_names(tmp_path):
         assert math.isfinite(s["metrics"][key]), key
 
 
+@pytest.mark.filterwarnings("error")  # a run prints no warning, fedapp's or a library's
 @pytest.mark.parametrize("method", ["local-only", "fedavg-ddpm", "dpdm"])
 def test_ddpm_baselines_protocols_on_an_in_process_grid(tmp_path, method):
     """strategies/ddpm_baselines.py: local-only releases nothing (no MIA target, samples only);
@@ -331,8 +332,7 @@ def record_levels(monkeypatch) -> list:
 def test_shared_denoiser_objective_and_sampling_range(monkeypatch, mode):
     from types import SimpleNamespace
 
-    from clients.pfdm import shared_sample
-    from fedapp.models.ddpm import DDPM
+    from fedapp.models.ddpm import DDPM, shared_sample
     from fedapp.protocols.pfdm import PFDMOptions
     from strategies.pfdm import PFDMStrategy
 

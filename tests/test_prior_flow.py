@@ -2,7 +2,8 @@
 
 import torch
 
-from fedapp.models.flow import VelocityNet, euler, fm_loss, midpoint, sample_path, target_velocity
+from fedapp.models.flow import (ImageVelocityNet, VectorVelocityNet, euler, fm_loss, midpoint, sample_path,
+                                 target_velocity)
 
 
 def test_path_and_target_equations():
@@ -30,7 +31,7 @@ def test_euler_and_midpoint_exact_on_constant_and_linear_fields():
 
 def test_vector_net_learns_and_masks():
     torch.manual_seed(0)
-    net = VelocityNet(dim=2, attribute_sizes=[2, 2], hidden=64)
+    net = VectorVelocityNet(dim=2, attribute_sizes=[2, 2], hidden=64)
     y = torch.tensor([[0, 1], [-1, 1], [-1, -1]])
     assert net(torch.randn(3, 2), torch.rand(3), y).shape == (3, 2)
     assert torch.allclose(net(torch.zeros(1, 2), torch.zeros(1)), net(torch.zeros(1, 2), torch.zeros(1),
@@ -49,7 +50,7 @@ def test_vector_net_learns_and_masks():
 
 def test_image_net_shapes():
     torch.manual_seed(0)
-    net = VelocityNet(8, [10, 4], block_out_channels=(16, 32), attention=False)
+    net = ImageVelocityNet(8, [10, 4], block_out_channels=(16, 32), attention=False)
     x = torch.randn(3, 3, 8, 8)
     v = net(x, torch.rand(3), torch.tensor([[3, 1], [-1, 2], [-1, -1]]))
     assert v.shape == x.shape and torch.isfinite(v).all()

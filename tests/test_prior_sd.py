@@ -6,7 +6,7 @@ import pytest
 import torch
 from diffusers import DDIMScheduler, PNDMScheduler, StableDiffusionPipeline
 
-from fedapp.models import load_prior
+from fedapp.models.prior import load_prior
 from fedapp.models.prior.sd_layout import random_sd_pipeline
 from fedapp.models.prior.samplers import expected_unet_evals
 
@@ -32,7 +32,8 @@ def test_load_prior_from_sd_folder(sd):
     assert prior.vae is not None
     assert prior.latent_shape == (4, 16, 16) and prior.image_size == 32 and prior.cond_shape == (77, 32)
     assert prior.steps_offset == 1 and prior.clip_sample is None
-    assert torch.allclose(prior.alphas_cumprod, PNDMScheduler.from_pretrained(folder, subfolder="scheduler").alphas_cumprod)
+    assert torch.allclose(prior.alphas_cumprod,
+                          PNDMScheduler.from_pretrained(folder, subfolder="scheduler").alphas_cumprod)
 
 
 def test_encode_sample_decode_shapes(sd):
@@ -117,9 +118,9 @@ SD_FAST = {"dataset": "digit-styles", "partitioner.name": "domain", "partitioner
 
 @pytest.mark.parametrize("method", ["espresso", "prompts", "feddifrc"])
 def test_sd_layout_prior_end_to_end_on_32px(sd, tmp_path, method):
-    """A saved SD-1.5-layout pipeline (a VAE with 2x downsampling: 32 px images, 4x16x16 latents) as `prior=<folder>` through
-    fedapp.simulate: uploads pass validation, the server synthesises (one-shot) or the clients train
-    with its decoder features (FedDifRC), summary.json is complete."""
+    """A saved SD-1.5-layout pipeline (a VAE with 2x downsampling: 32 px images, 4x16x16 latents) as
+    `prior=<folder>` through fedapp.simulate: uploads pass validation, the server synthesises (one-shot) or
+    the clients train with its decoder features (FedDifRC), summary.json is complete."""
     import fedapp
 
     _, folder = sd

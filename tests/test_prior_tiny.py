@@ -7,9 +7,9 @@ import json
 import pytest
 import torch
 
-from fedapp.models import load_prior, prior_from_records, prior_to_records
-from fedapp.models.text import class_prompts
+from fedapp.models.prior import load_prior, prior_from_records, prior_to_records
 from fedapp.models.prior.tiny import TEST_CONFIG, build_tiny_prior, build_tokenizer, tiny_prior_path
+from fedapp.models.text import class_prompts
 
 NAMES = ["zero", "one", "two"]
 
@@ -144,7 +144,8 @@ def test_a_domain_prior_has_its_own_cache_folder_and_the_full_one_keeps_its_name
     assert full.domains is None and photo.domains == ("photo",) and photo.dataset == "digit-styles"
     assert full.folder.name == "digit-styles-7645dc2a5c7f"  # the key of an all-domain prior did not change
     assert photo.folder.name.startswith("digit-styles@photo-") and photo.folder.parent == full.folder.parent
-    assert resolve_prior("tiny@sketch+photo", "digit-styles").folder == resolve_prior("tiny@photo+sketch", "digit-styles").folder
+    assert (resolve_prior("tiny@sketch+photo", "digit-styles").folder
+            == resolve_prior("tiny@photo+sketch", "digit-styles").folder)
 
 
 @pytest.mark.parametrize("spec,dataset,why", [

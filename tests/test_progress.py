@@ -18,8 +18,8 @@ def test_a_fast_phase_logs_every_tenth_and_the_last_labelled_with_its_client(fed
     monkeypatch.setattr(progress.time, "monotonic", lambda: 100.0)  # no time passes: only the 10% rule
     with client_scope(2):
         assert list(track(range(25), "condition steps")) == list(range(25))
-    assert [(d, n) for d, n, _ in _counts(fedapp_log, "condition steps")] == [(i, 25) for i in (2, 4, 6, 8, 10, 12,
-                                                                                               14, 16, 18, 20, 22, 24, 25)]
+    assert [(d, n) for d, n, _ in _counts(fedapp_log, "condition steps")] == [
+        (i, 25) for i in (2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 25)]
     assert all(r.getMessage().startswith("client 2: ") for r in fedapp_log.records)
     fedapp_log.clear()
     list(track(["a", "b"], "noise GMMs"))  # outside a client scope: no label
@@ -100,7 +100,8 @@ def test_espresso_logs_its_phases_synthesis_and_server_epochs(fedapp_log, tmp_pa
     assert "[train] to 2 clients" in lines and "[evaluate] to 2 clients" in lines
     synth = [tuple(map(int, m.groups())) for m in (re.fullmatch(r"synthesis (\d+)/(\d+) images, \d+ s(?:, ETA .+)?", x)
                                                   for x in lines) if m]
-    assert synth[-1] == (n, n) and all(t == n for _, t in synth) and [d for d, _ in synth] == sorted(d for d, _ in synth)
+    assert (synth[-1] == (n, n) and all(t == n for _, t in synth)
+            and [d for d, _ in synth] == sorted(d for d, _ in synth))
     epochs = [x for x in lines if x.startswith("server training epoch ")]
     assert [re.sub(r", \d+ s.*", "", x) for x in epochs] == [f"server training epoch {i}/3" for i in (1, 2, 3)]
     assert all("ETA" in x for x in epochs[:2]) and "ETA" not in epochs[-1]

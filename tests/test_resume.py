@@ -58,11 +58,24 @@ def test_resume_refuses_another_config_or_method(tmp_path):
     folder = done["run_dir"]
     with pytest.raises(ConfigError, match=r"^resume=.*: the run config differs in lr \(0.5 here, 0.02 in the run\)"):
         resolve_run_config({**CFG, "num-server-rounds": 1, "lr": 0.5, "resume": folder}, 3)
-    resolve_run_config({**CFG, "num-server-rounds": 1, "log.tensorboard": True, "resume": folder}, 3)  # logging may change
+    # logging may change
+    resolve_run_config({**CFG, "num-server-rounds": 1, "log.tensorboard": True, "resume": folder}, 3)
     with pytest.raises(ConfigError, match=r"method='espresso' is not resumable"):
         resolve_run_config({"method": "espresso", "resume": folder}, 3)
     with pytest.raises(ConfigError, match=r"not a run folder with config.json and a checkpoint"):
         resolve_run_config({**CFG, "resume": str(tmp_path)}, 3)
+    with pytest.raises(ConfigError, match=r"method='centralized' is not resumable; allowed for the resumable "
+                                          r"methods \(fedavg, fedprox, feddifrc\)"):  # one-shot: no checkpoint
+        resolve_run_config({**CFG, "method": "centralized", "resume": folder}, 3)
+    # a run folder written when config.json listed every method's keys resumes too: they are not this run's
+    from pathlib import Path
+
+    from fedapp.config import all_defaults
+
+    config = Path(folder) / "config.json"
+    every = {k: v for k, v in all_defaults().items() if "." in k and not k.startswith("partitioner.")}
+    config.write_text(json.dumps({**every, **json.loads(config.read_text())}))
+    resolve_run_config({**CFG, "num-server-rounds": 1, "resume": folder}, 3)
 
 
 def test_an_interrupted_run_says_so(tmp_path):

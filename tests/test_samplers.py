@@ -50,7 +50,8 @@ def test_ddim_matches_diffusers_step_for_step(base, schedule, num_steps, spacing
         for t in ref.timesteps:
             # the net's raw guided output (eps or v) from one batched call, fed to both steppers
             tt = torch.full((6,), int(t))
-            raw_u, raw_c = p.unet(torch.cat([ours, ours]), tt, encoder_hidden_states=torch.cat([null, cond])).sample.chunk(2)
+            raw_u, raw_c = p.unet(torch.cat([ours, ours]), tt,
+                                  encoder_hidden_states=torch.cat([null, cond])).sample.chunk(2)
             raw = raw_u + 3.0 * (raw_c - raw_u)
             eps = p.predict_noise(ours, int(t), cond, guidance=3.0)  # our eps (v converted; guidance commutes)
             if schedule.get("prediction_type") != "v_prediction":
@@ -108,7 +109,8 @@ def test_invert_then_denoise_returns_start_on_random_unet(base):
 
 
 class GaussianDenoiser(torch.nn.Module):
-    """The exact eps-predictor for data ~ N(mu, s^2 I): eps*(z, t) = sqrt(1-abar)(z - sqrt(abar) mu)/(abar s^2 + 1 - abar).
+    """The exact eps-predictor for data ~ N(mu, s^2 I):
+    eps*(z, t) = sqrt(1-abar)(z - sqrt(abar) mu)/(abar s^2 + 1 - abar).
     Its probability-flow ODE is smooth, so DDIM inversion error is pure discretisation error."""
 
     def __init__(self, abar, mu=0.3, s=0.5):
@@ -166,7 +168,8 @@ def _spy(monkeypatch, prior, name):
     return calls
 
 
-@pytest.mark.parametrize("num_steps,zigzag_t,spacing", [(50, 800, "trailing"), (10, 800, "leading"), (6, 0, "trailing")])
+@pytest.mark.parametrize("num_steps,zigzag_t,spacing",
+                         [(50, 800, "trailing"), (10, 800, "leading"), (6, 0, "trailing")])
 @pytest.mark.parametrize("convention", ["paper", "official"])
 def test_number_of_zigzags_equals_the_steps_above_Tz(base, monkeypatch, num_steps, zigzag_t, spacing, convention):
     inversions = _spy(monkeypatch, base, "ddim_invert_step")

@@ -277,9 +277,9 @@ def test_fedavg_over_clients_without_test_data_completes_without_failures(tmp_pa
     """100 clients on digits: 18 have an empty test split; they are neither failures nor weighted in."""
     from fedapp.simulation import simulate_in_process
 
-    s = simulate_in_process({"method": "fedavg", "dataset": "digits", "partitioner.name": "iid", "partitioner.per-class": 0,
-                             "num-server-rounds": 1, "local-epochs": 1, "min-clients": 2, "fraction-train": 0.03,
-                             "out-dir": str(tmp_path)}, 100)
+    s = simulate_in_process({"method": "fedavg", "dataset": "digits", "partitioner.name": "iid",
+                             "partitioner.per-class": 0, "num-server-rounds": 1, "local-epochs": 1, "min-clients": 2,
+                             "fraction-train": 0.03, "out-dir": str(tmp_path)}, 100)
     assert s["status"] == "completed" and s["failures"] == []
     assert len(s["metrics"]["per_client_accuracy"]) == 82
 
@@ -288,8 +288,8 @@ def test_fedavg_over_clients_without_test_data_completes_without_failures(tmp_pa
 def test_fraction_evaluate_zero_runs_rounds_with_the_global_test_set_only(tmp_path):
     from fedapp.simulation import simulate_in_process
 
-    s = simulate_in_process({"method": "fedavg", "dataset": "digits", "partitioner.name": "iid", "partitioner.per-class": 3,
-                             "num-server-rounds": 2, "local-epochs": 1, "min-clients": 2, "fraction-evaluate": 0.0,
-                             "out-dir": str(tmp_path)}, 3)
+    s = simulate_in_process({"method": "fedavg", "dataset": "digits", "partitioner.name": "iid",
+                             "partitioner.per-class": 3, "num-server-rounds": 2, "local-epochs": 1, "min-clients": 2,
+                             "fraction-evaluate": 0.0, "out-dir": str(tmp_path)}, 3)
     assert s["status"] == "completed" and s["failures"] == [] and "evaluate" not in s["phase_seconds"]
     assert "accuracy" in s["metrics"] and "client_accuracy" not in s["metrics"]

@@ -9,8 +9,8 @@ import fedapp
 
 
 def _cfg(tmp_path, **kw):
-    base = {"dataset": "digits", "partitioner": "iid", "partitioner.per-class": 0, "num-server-rounds": 2, "local-epochs": 1,
-            "out-dir": str(tmp_path), "min-clients": 2}
+    base = {"dataset": "digits", "partitioner": "iid", "partitioner.per-class": 0, "num-server-rounds": 2,
+            "local-epochs": 1, "out-dir": str(tmp_path), "min-clients": 2}
     base.update(kw)
     return base
 
@@ -41,7 +41,8 @@ def test_dirichlet_simulation_writes_a_complete_run_folder(tmp_path, method):
 def test_fedavg_iid_digits_reaches_90_percent_in_5_rounds(tmp_path):
     # The bar for the default FedAvg settings (3 local epochs, lr 0.02, batch 16).
     s = fedapp.simulate({"method": "fedavg", "dataset": "digits", "partitioner": "iid",
-                         "partitioner.per-class": 0, "num-server-rounds": 5, "out-dir": str(tmp_path), "min-clients": 4}, num_clients=4)
+                         "partitioner.per-class": 0, "num-server-rounds": 5, "out-dir": str(tmp_path),
+                         "min-clients": 4}, num_clients=4)
     assert s["metrics"]["accuracy"] >= 0.90
     assert s["metrics"]["client_accuracy"] >= 0.85
 

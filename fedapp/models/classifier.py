@@ -164,9 +164,9 @@ class ProjectedClassifier(nn.Module):
 
 
 def build_classifier(name: str, num_classes: int, proj_dim: int = 0, keep_embedding: bool = False) -> nn.Module:
-    """`cnn` (or `cnn-gap`), `resnet10`, `resnet18` (transformers config, random init) or a transformers ResNet id/folder.
-    proj_dim > 0 wraps it in a ProjectedClassifier with that projection head; keep_embedding alone wraps
-    it without a head (z = the embedding)."""
+    """`cnn` (or `cnn-gap`), `resnet10`, `resnet18` (transformers config, random init) or a transformers
+    ResNet id/folder. proj_dim > 0 wraps it in a ProjectedClassifier with that projection head;
+    keep_embedding alone wraps it without a head (z = the embedding)."""
     if proj_dim > 0 or keep_embedding:
         return ProjectedClassifier(build_classifier(name, num_classes), proj_dim)
     if name in CNNS:
@@ -185,6 +185,18 @@ def embedding_dim(name: str) -> int:
     from transformers import AutoConfig
 
     return int(AutoConfig.from_pretrained(name).hidden_sizes[-1])
+
+
+
+def feddifrc_classifier(cfg, num_classes: int) -> nn.Module:
+    """FedDifRC's classifier, which both sides train and average: z_i is its embedding, or the output of a
+    projection head g sized to the diffusion targets (cfg.options: FedDifRCOptions.head_dim, from the
+    prior's decoder depth and the embedding size). Call order is fixed: embedding_dim builds a throwaway
+    SmallCNN, which draws from torch's global RNG before the model's own init."""
+    from fedapp.models.prior import prior_up_blocks
+
+    head = cfg.options.head_dim(prior_up_blocks(cfg.prior, cfg.dataset), embedding_dim(cfg.model))
+    return build_classifier(cfg.model, num_classes, proj_dim=head, keep_embedding=True)
 
 
 @torch.no_grad()

@@ -16,16 +16,17 @@ from typing import Callable, Sequence
 
 import torch
 
-from .flow import VelocityNet, euler
+from .flow import ImageVelocityNet, euler
 
 NULL = -1
 
 
 # ---- the network and labels ---------------------------------------------------------------------------
-def build_velocity(image_size: int, attribute_sizes: Sequence[int], width: int, channels: int = 3) -> VelocityNet:
+def build_velocity(image_size: int, attribute_sizes: Sequence[int], width: int,
+                   channels: int = 3) -> ImageVelocityNet:
     """The image velocity net every method shares (so experts, students and FedFlow models have one shape)."""
-    return VelocityNet(image_size, list(attribute_sizes), channels=channels, block_out_channels=(width, 2 * width),
-                       attention=False)
+    return ImageVelocityNet(image_size, list(attribute_sizes), channels=channels,
+                            block_out_channels=(width, 2 * width), attention=False)
 
 
 def attribute_labels(split, names: Sequence[str]) -> torch.Tensor:

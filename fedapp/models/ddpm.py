@@ -47,7 +47,8 @@ class DDPM(nn.Module):
         if self.num_classes:
             cols.append(torch.full((n,), -1, device=device) if y is None else torch.as_tensor(y, device=device).long())
         if self.flag:
-            cols.append(torch.full((n,), -1, device=device) if flag is None else torch.as_tensor(flag, device=device).long())
+            cols.append(torch.full((n,), -1, device=device) if flag is None
+                        else torch.as_tensor(flag, device=device).long())
         return torch.stack(cols, 1) if cols else None
 
     def eps(self, x_t: torch.Tensor, t: torch.Tensor | int, y=None, flag=None) -> torch.Tensor:
@@ -131,6 +132,28 @@ def build_ddpm(image_size: int, num_classes: int, flag: bool = False, channels: 
         channels = tuple(int(c) for c in channels.split(",") if c.strip())
     return DDPM(image_size=image_size, num_classes=num_classes, flag=flag, block_out_channels=tuple(channels),
                 attention=attention)
+
+
+# PFDM's shared denoiser z_w (strategies/pfdm.py trains it, clients/pfdm.py samples it): which levels it learns
+SHARED_MODES = ("relative", "algorithm2")  # pfdm.shared
+
+
+def shared_objective(mode: str, t0: int, T: int) -> tuple[tuple[int, int], int | None]:
+    """(t_range, source_t) of z_w's DDPM.loss. relative: levels (t0, T] of the clean data, with the uploads
+    taken as x_t0 (the re-scaled target); algorithm2: a standard DDPM whose data are the uploads x~,
+    levels (0, T] (Algorithm 2: sampled for all T steps, its output is an x~ for the private model at t0)."""
+    if mode not in SHARED_MODES:
+        raise ValueError(f"pfdm.shared={mode!r}: must be one of {', '.join(SHARED_MODES)}")
+    return ((t0, T), t0) if mode == "relative" else ((0, T), None)
+
+
+def shared_sample(shared, y: torch.Tensor, t0: int, mode: str, steps: int, generator: torch.Generator) -> torch.Tensor:
+    """An x_t0 from z_w (a DDPM), run from T down to the lowest level it learnt (shared_objective): t0 in
+    relative mode; 0 in algorithm2 mode, whose data are the uploads x~, so its output already is at level
+    t0 (and its x0 estimate is not clamped to [-1, 1], which x~ is not confined to)."""
+    (lowest, _), _ = shared_objective(mode, t0, shared.T)
+    return shared.sample(len(y), y, t_start=shared.T, t_end=lowest, steps=steps, generator=generator,
+                         clip_x0=mode == "relative")
 
 
 def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag: torch.Tensor | None = None, *,

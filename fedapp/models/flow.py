@@ -82,29 +82,11 @@ def _time_embedding(t: torch.Tensor, dim: int) -> torch.Tensor:
 
 class VelocityNet(nn.Module):
     """v_theta(x_t, t, y) with y: (B, k) int64 attribute labels, -1 = masked/absent (null embedding).
+    Two nets: ImageVelocityNet (images, DCFM's) and VectorVelocityNet (vectors, the 2-D toy)."""
 
-    image_size given: a diffusers UNet2DModel on (B, C, H, W); the attribute embeddings (one table per
-    attribute, plus a null index) are summed into the time embedding via its class-embedding path.
-    dim given: an MLP on (B, dim) vectors (the 2-D toy), same embeddings added to the time features."""
-
-    def __init__(self, image_size: int | None = None, attribute_sizes: list[int] | tuple[int, ...] = (), *,
-                 dim: int | None = None, channels: int = 3, block_out_channels: tuple[int, ...] = (32, 64, 64),
-                 hidden: int = 256, layers: int = 3, attention: bool = True):
+    def __init__(self, attribute_sizes: list[int] | tuple[int, ...] = ()):
         super().__init__()
-        if (image_size is None) == (dim is None):
-            raise ValueError("VelocityNet: give exactly one of image_size (images) or dim (vectors)")
         self.attribute_sizes = [int(s) for s in attribute_sizes]
-        self.kind = "image" if image_size is not None else "vector"
-        if self.kind == "image":
-            self.unet = small_unet2d(image_size, channels, block_out_channels, attention,
-                                     self.attribute_sizes or None)
-        else:
-            self.time_dim = hidden
-            self.embed = AttributeEmbedding(self.attribute_sizes, hidden) if self.attribute_sizes else None
-            mods: list[nn.Module] = [nn.Linear(dim + hidden, hidden), nn.SiLU()]
-            for _ in range(layers - 1):
-                mods += [nn.Linear(hidden, hidden), nn.SiLU()]
-            self.mlp = nn.Sequential(*mods, nn.Linear(hidden, dim))
 
     def _labels(self, n: int, y: torch.Tensor | None, device) -> torch.Tensor | None:
         if not self.attribute_sizes:
@@ -115,9 +97,42 @@ class VelocityNet(nn.Module):
 
     def forward(self, x: torch.Tensor, t: torch.Tensor, y: torch.Tensor | None = None) -> torch.Tensor:
         t = torch.as_tensor(t, device=x.device, dtype=torch.float32).expand(x.shape[0])
-        labels = self._labels(x.shape[0], y, x.device)
-        if self.kind == "image":
-            return self.unet(x, t * 1000.0, class_labels=labels).sample
+        return self.velocity(x, t, self._labels(x.shape[0], y, x.device))
+
+    def velocity(self, x: torch.Tensor, t: torch.Tensor,
+                 labels: torch.Tensor | None) -> torch.Tensor:  # pragma: no cover - abstract
+        """v at (x, t) of shape (B,) for labels (B, k), None without attributes."""
+        raise NotImplementedError
+
+
+class ImageVelocityNet(VelocityNet):
+    """A diffusers UNet2DModel on (B, C, H, W); the attribute embeddings (one table per attribute, plus a
+    null index) are summed into the time embedding via its class-embedding path."""
+
+    def __init__(self, image_size: int, attribute_sizes: list[int] | tuple[int, ...] = (), *, channels: int = 3,
+                 block_out_channels: tuple[int, ...] = (32, 64, 64), attention: bool = True):
+        super().__init__(attribute_sizes)
+        self.unet = small_unet2d(image_size, channels, block_out_channels, attention, self.attribute_sizes or None)
+
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
+        return self.unet(x, t * 1000.0, class_labels=labels).sample
+
+
+class VectorVelocityNet(VelocityNet):
+    """An MLP on (B, dim) vectors (the 2-D toy), the attribute embeddings added to the time features."""
+
+    def __init__(self, dim: int, attribute_sizes: list[int] | tuple[int, ...] = (), *, hidden: int = 256,
+                 layers: int = 3):
+        super().__init__(attribute_sizes)
+        self.time_dim = hidden
+        # embed before mlp: the order of their random inits (and of the state dict) is the saved models'
+        self.embed = AttributeEmbedding(self.attribute_sizes, hidden) if self.attribute_sizes else None
+        mods: list[nn.Module] = [nn.Linear(dim + hidden, hidden), nn.SiLU()]
+        for _ in range(layers - 1):
+            mods += [nn.Linear(hidden, hidden), nn.SiLU()]
+        self.mlp = nn.Sequential(*mods, nn.Linear(hidden, dim))
+
+    def velocity(self, x: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
         h = _time_embedding(t, self.time_dim)
         if labels is not None:
             h = h + self.embed(labels)

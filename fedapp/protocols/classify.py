@@ -31,9 +31,6 @@ def train_phase(*extra_metrics: str) -> Phase:
                  metrics=TRAIN_METRICS + tuple(extra_metrics))
 
 
-RESUMABLE = True  # a round-based run continues from its last checkpoint (fedapp/server/checkpoint.py)
-
-
 def validate_train(content: RecordDict, expected: Mapping[str, tuple], max_bytes: float | None,
                    dtypes: Mapping[str, str] | None = None) -> str | None:
     """The global model's exact keys, shapes and (with `dtypes`) dtypes, finite, within the size cap.

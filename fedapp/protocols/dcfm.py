@@ -20,11 +20,11 @@ import numpy as np
 from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY, Phase, ShardFacts
 from fedapp.protocols.records import check_arrays, check_at_most
 
-NAMESPACE = "dcfm"
 ATTRS = ("digit", "color")  # the two attributes y = (y_1, y_2) of the composition data
 EXPERT_KEY = "expert"  # ArrayRecord: a velocity net's state dict
 COUNTS_KEY = "counts"  # ArrayRecord {PAIRS: (|Y_1|, |Y_2|) int64}: the client's label counts per pair
 PAIRS = "pairs"
+ARRAY_NAMES = (PAIRS,)  # names inside its ArrayRecords (a state dict's keys aside): spelled here only
 PEER_PREFIX = "peer."  # ArrayRecords "peer.<pid>" (allgather)
 PEER_COUNTS_PREFIX = "peer-counts."  # ArrayRecords "peer-counts.<pid>"
 PHASE_KEY = "dcfm-phase"  # ConfigRecord {LAMBDA, STEPS}: per-phase settings beside the run config
@@ -105,9 +105,6 @@ class DcfmOptions:
     @property
     def pi(self) -> tuple[float, float, float]:
         return self.pi_full, self.pi_marg, self.pi_uncond
-
-
-OPTIONS = DcfmOptions
 
 
 def phase_record(lambda_ci: float, steps: int | None = None) -> ConfigRecord:

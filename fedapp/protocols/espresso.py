@@ -5,7 +5,7 @@
               up:   UPLOAD_KEY (conditions, cluster sizes, GMM of z^T, class counts) + metrics
     evaluate  down: the global classifier   up: its accuracy on the client's real test split
 
-The upload's arrays (class_counts, embeddings, embedding_class, cluster_sizes, gmm_class,
+The upload's arrays (ARRAY_NAMES: class_counts, embeddings, embedding_class, cluster_sizes, gmm_class,
 gmm_weights, gmm_means, gmm_variances) depend on the switches: `expected_shapes` is the schema and
 `validate_upload` the check every upload passes before the server synthesises from it.
 """
@@ -22,9 +22,16 @@ from fedapp.models.prior.samplers import DEFAULT_GAMMA2, DEFAULT_ZIGZAG_T, SPACI
 from fedapp.protocols import EVALUATE, METRICS_KEY, NUM_EXAMPLES_KEY, Phase, ShardFacts
 from fedapp.protocols.records import check_arrays, check_at_most, check_float, check_integer, tensors_of
 
-NAMESPACE = "espresso"
-USES_PRIOR = True  # the `prior` key must resolve before the run starts (fedapp.preflight)
 UPLOAD_KEY = "upload"  # ArrayRecord: the client's one upload
+# Arrays inside UPLOAD_KEY; which of them an upload carries depends on the switches (expected_shapes)
+CLASS_COUNTS = "class_counts"  # (K,) images per class: always
+# learned conditions (espresso.conditions != prompts): (E, L, D) token embeddings, their class (E,), images (E,)
+EMBEDDINGS, EMBEDDING_CLASS, CLUSTER_SIZES = "embeddings", "embedding_class", "cluster_sizes"
+# the noise GMM (espresso.init = gmm), one row per class with images: class (G,), weights (G, M), means and
+# variances (G, M, latent dim)
+GMM_CLASS, GMM_WEIGHTS, GMM_MEANS, GMM_VARIANCES = "gmm_class", "gmm_weights", "gmm_means", "gmm_variances"
+ARRAY_NAMES = (CLASS_COUNTS, EMBEDDINGS, EMBEDDING_CLASS, CLUSTER_SIZES, GMM_CLASS, GMM_WEIGHTS, GMM_MEANS,
+               GMM_VARIANCES)
 PRIOR_WEIGHTS_KEY = "prior-weights"  # ArrayRecord: the shipped prior's tensors (fedapp.models.prior.shipping)
 PRIOR_FILES_KEY = "prior-files"  # ConfigRecord: the shipped prior's configs and tokenizer files
 CLIENT_SECONDS = "client-seconds"  # train metric: seconds of the client's work
@@ -44,8 +51,8 @@ EMBEDDING_MAX_NORM = 1e3
 def within_shard(content: RecordDict, facts: ShardFacts) -> str | None:
     """class_counts at most the client's shard's (the server synthesises ratio x count images per
     class), summing to num-examples."""
-    counts = content.array_records[UPLOAD_KEY]["class_counts"].numpy()
-    why = check_at_most("class_counts", counts, facts.class_counts())
+    counts = content.array_records[UPLOAD_KEY][CLASS_COUNTS].numpy()
+    why = check_at_most(CLASS_COUNTS, counts, facts.class_counts())
     n = content.metric_records[METRICS_KEY][NUM_EXAMPLES_KEY]
     if why is None and int(counts.sum()) != n:
         why = f"class_counts sum to {int(counts.sum())} but {NUM_EXAMPLES_KEY}={n!r}"
@@ -56,11 +63,6 @@ TRAIN = Phase("train", down=(PRIOR_WEIGHTS_KEY, PRIOR_FILES_KEY), up=(UPLOAD_KEY
               doc="conditions + GMM + class counts up; the prior's weights down when shipped",
               metrics=(NUM_EXAMPLES_KEY, CLIENT_SECONDS, NUM_CONDITIONS), bound=within_shard)
 PHASES = (TRAIN, EVALUATE)
-# Run-config keys only the server reads (synthesis and its classifier): two runs that differ only in
-# these send the clients the same work, so an experiment may reuse the replies (fedapp.simulation).
-SERVER_ONLY_KEYS = frozenset({"espresso.sampler", "espresso.zigzag-t", "espresso.zigzag", "espresso.gamma1", "espresso.gamma2",
-                              "espresso.ratio", "espresso.synth-batch", "espresso.save-synthetic",
-                              "server-epochs", "run-name", "out-dir"})
 SYNTHETIC_FILE = "synthetic.safetensors"  # in the run folder, with espresso.save-synthetic
 
 
@@ -70,7 +72,8 @@ class EspressoOptions:
     gmm_components: int = opt(4, low=1, help="M: components of each class's diagonal GMM of z^T")
     ratio: float = opt(5.0, low=0.0, low_open=True, help="synthetic images per real image, per client and class")
     conditions: str = opt("cluster", choices=("prompts", "class", "cluster"),
-                          help="prompts: class prompt only; class: one learned condition per class; cluster: J per class (C)")
+                          help="prompts: class prompt only; class: one learned condition per class; "
+                               "cluster: J per class (C)")
     init: str = opt("gmm", choices=("gaussian", "gmm"), help="z^T from N(0, I) or from the client's GMM (G)")
     sampler: str = opt("zigzag", choices=("ddim", "zigzag"), help="DDIM or Z-sampling (Z)")
     zigzag_t: int = opt(DEFAULT_ZIGZAG_T, low=0, high=1000, help="T_z: zigzag on steps with t > T_z")
@@ -87,7 +90,8 @@ class EspressoOptions:
     spacing: str = opt("trailing", choices=SPACINGS,
                        help="timestep spacing of the sampler: trailing starts at t = T-1 (where the model was "
                             "trained); leading at T - T/steps. The clients fit the GMM of z^T at that first level")
-    embed_steps: int = opt(100, low=0, help="Adam steps of condition learning; every condition gets a gradient each step")
+    embed_steps: int = opt(100, low=0,
+                           help="Adam steps of condition learning; every condition gets a gradient each step")
     embed_lr: float = opt(0.05, low=0.0, low_open=True, help="Adam learning rate of condition learning")
     embed_batch: int = opt(1, low=1, help="images per condition per step (a cluster's images when fewer); all "
                                           "conditions' rows go through the UNet in one batched call")
@@ -114,25 +118,25 @@ class EspressoOptions:
 # ---- validation of an upload ---------------------------------------------------------------------
 def expected_shapes(opts: EspressoOptions, num_classes: int, cond_shape: tuple[int, int],
                     latent_dim: int) -> dict[str, tuple]:
-    exp: dict[str, tuple] = {"class_counts": (num_classes,)}
+    exp: dict[str, tuple] = {CLASS_COUNTS: (num_classes,)}
     if opts.conditions != "prompts":
-        exp.update(embeddings=(None, *cond_shape), embedding_class=(None,), cluster_sizes=(None,))
+        exp.update({EMBEDDINGS: (None, *cond_shape), EMBEDDING_CLASS: (None,), CLUSTER_SIZES: (None,)})
     if opts.init == "gmm":
         m = opts.gmm_components
-        exp.update(gmm_class=(None,), gmm_weights=(None, m), gmm_means=(None, m, latent_dim),
-                   gmm_variances=(None, m, latent_dim))
+        exp.update({GMM_CLASS: (None,), GMM_WEIGHTS: (None, m), GMM_MEANS: (None, m, latent_dim),
+                    GMM_VARIANCES: (None, m, latent_dim)})
     return exp
 
 
 def _check_conditions(u: dict[str, torch.Tensor], counts: torch.Tensor, per_class: int) -> str | None:
-    cls, sizes = u["embedding_class"], u["cluster_sizes"]
-    if not len(u["embeddings"]) == len(cls) == len(sizes):
+    cls, sizes = u[EMBEDDING_CLASS], u[CLUSTER_SIZES]
+    if not len(u[EMBEDDINGS]) == len(cls) == len(sizes):
         return "embeddings, embedding_class and cluster_sizes differ in length"
     if len(cls) and (cls.min() < 0 or cls.max() >= len(counts)):
         return "embedding_class: class index out of range"
     if len(sizes) and sizes.min() < 1:
         return "cluster_sizes: a cluster with no images"
-    norms = u["embeddings"].norm(dim=-1)  # (E, L): one per token of each condition
+    norms = u[EMBEDDINGS].norm(dim=-1)  # (E, L): one per token of each condition
     if (norms > EMBEDDING_MAX_NORM).any():
         return f"embeddings: a token of norm {float(norms.max()):.3g} exceeds {EMBEDDING_MAX_NORM:g}"
     for c in range(len(counts)):
@@ -148,8 +152,8 @@ def _check_conditions(u: dict[str, torch.Tensor], counts: torch.Tensor, per_clas
 
 
 def _check_gmm(u: dict[str, torch.Tensor], counts: torch.Tensor) -> str | None:
-    cls, w, var = u["gmm_class"], u["gmm_weights"], u["gmm_variances"]
-    if not len(cls) == len(w) == len(u["gmm_means"]) == len(var):
+    cls, w, var, means = u[GMM_CLASS], u[GMM_WEIGHTS], u[GMM_VARIANCES], u[GMM_MEANS]
+    if not len(cls) == len(w) == len(means) == len(var):
         return "gmm_* arrays differ in their number of classes"
     if cls.tolist() != torch.nonzero(counts).flatten().tolist():
         return "gmm_class: must list exactly the classes with images, in order"
@@ -159,8 +163,8 @@ def _check_gmm(u: dict[str, torch.Tensor], counts: torch.Tensor) -> str | None:
         return "gmm_variances: not positive"
     if (var > GMM_MAX_VARIANCE).any():
         return f"gmm_variances: max {float(var.max()):.3g} exceeds {GMM_MAX_VARIANCE:g}"
-    if (u["gmm_means"].abs() > GMM_MAX_ABS_MEAN).any():
-        return f"gmm_means: |mean| up to {float(u['gmm_means'].abs().max()):.3g} exceeds {GMM_MAX_ABS_MEAN:g}"
+    if (means.abs() > GMM_MAX_ABS_MEAN).any():
+        return f"gmm_means: |mean| up to {float(means.abs().max()):.3g} exceeds {GMM_MAX_ABS_MEAN:g}"
     return None
 
 
@@ -176,11 +180,11 @@ def validate_upload(content: RecordDict, *, opts: EspressoOptions, num_classes: 
     if why is not None:
         return why
     u = tensors_of(rec)
-    why = (check_integer(u, "class_counts", "embedding_class", "cluster_sizes", "gmm_class")
-           or check_float(u, "embeddings", "gmm_weights", "gmm_means", "gmm_variances"))
+    why = (check_integer(u, CLASS_COUNTS, EMBEDDING_CLASS, CLUSTER_SIZES, GMM_CLASS)
+           or check_float(u, EMBEDDINGS, GMM_WEIGHTS, GMM_MEANS, GMM_VARIANCES))
     if why is not None:
         return why
-    counts = u["class_counts"]
+    counts = u[CLASS_COUNTS]
     if counts.min() < 0 or counts.sum() == 0:
         return "class_counts: negative or all zero"
     if opts.conditions != "prompts":
@@ -193,9 +197,6 @@ def validate_upload(content: RecordDict, *, opts: EspressoOptions, num_classes: 
 def needs_prior(opts: EspressoOptions) -> bool:
     """Prompts-only with Gaussian noise uploads class counts only: the client needs no prior."""
     return opts.conditions != "prompts" or opts.init == "gmm"
-
-
-OPTIONS = EspressoOptions
 
 
 def guidance(opts: EspressoOptions, cfg) -> float:

@@ -10,9 +10,6 @@ from fedapp.options import AUTO, ConfigError, opt
 from fedapp.protocols import EVALUATE
 from fedapp.protocols.classify import train_phase
 
-NAMESPACE = "feddifrc"
-RESUMABLE = True  # clients keep nothing between rounds that a resumed run would lack
-USES_PRIOR = True  # the `prior` key must resolve before the run starts (fedapp.preflight)
 CACHE_BYTES = "cache-bytes"  # train metric: bytes of the client's cached targets
 FEATURE_SECONDS = "feature-seconds"  # train metric: seconds spent computing them this round (0 when cached)
 TRAIN_TDCL, TRAIN_NDCR = "train_tdcl", "train_ndcr"  # train metrics: the mean regulariser losses
@@ -96,9 +93,6 @@ class FedDifRCOptions:
         return sum(self.target_dims(num_up_blocks, embed_dim)) if self.feature_on == "head" else 0
 
 
-OPTIONS = FedDifRCOptions
-
-
 def num_up_blocks(cfg) -> int:
     """The run's prior's decoder depth, read from its config: both sides size the targets by it."""
     from fedapp.models.prior import prior_up_blocks
@@ -111,14 +105,6 @@ def target_dims(cfg) -> tuple[int, ...]:
     from fedapp.models.classifier import embedding_dim
 
     return cfg.options.target_dims(num_up_blocks(cfg), embedding_dim(cfg.model))
-
-
-def build_model(cfg, num_classes: int):
-    """The classifier both sides train and average: z_i is its embedding, or a projection head's output."""
-    from fedapp.models.classifier import build_classifier, embedding_dim
-
-    head = cfg.options.head_dim(num_up_blocks(cfg), embedding_dim(cfg.model))
-    return build_classifier(cfg.model, num_classes, proj_dim=head, keep_embedding=True)
 
 
 def preflight(cfg) -> str | None:

@@ -8,13 +8,7 @@ from dataclasses import dataclass
 from fedapp.options import opt
 from fedapp.protocols.classify import PHASES, TRAIN  # noqa: F401  (the same exchanges)
 
-NAMESPACE = "fedprox"
-RESUMABLE = True  # clients keep nothing between rounds that a resumed run would lack
-
 
 @dataclass(frozen=True)
 class FedProxOptions:
     mu: float = opt(0.01, low=0.0, help="proximal coefficient mu")
-
-
-OPTIONS = FedProxOptions

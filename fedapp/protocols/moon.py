@@ -9,7 +9,6 @@ from fedapp.options import opt
 from fedapp.protocols import EVALUATE
 from fedapp.protocols.classify import train_phase
 
-NAMESPACE = "moon"
 TRAIN_CON = "train_con"  # train metric: the mean model-contrastive loss l_con
 TRAIN = train_phase(TRAIN_CON)  # FedAvg's exchanges; the train reply also reports l_con
 PHASES = (TRAIN, EVALUATE)
@@ -22,6 +21,3 @@ class MoonOptions:
     mu: float = opt(1.0, low=0.0, help="weight of the model-contrastive loss l_con")
     tau: float = opt(0.5, low=0.0, low_open=True, help="temperature of l_con (paper: 0.5)")
     proj_dim: int = opt(128, low=1, help="output dimension of the projection head (paper: 256)")
-
-
-OPTIONS = MoonOptions

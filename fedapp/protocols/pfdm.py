@@ -17,17 +17,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import torch
 from flwr.app import RecordDict
 
 from fedapp.options import ConfigError, opt
 import numpy as np
 
+from fedapp.models.ddpm import SHARED_MODES  # pfdm.shared: what z_w models (shared_objective)
 from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY, Phase, ShardFacts
-from fedapp.protocols.classify import validate_train
 from fedapp.protocols.records import check_arrays, check_at_most
 
-NAMESPACE = "pfdm"
 UPLOAD_KEY = "upload"  # ArrayRecord {x, y}: the local-DP release
 SHARED_KEY = "shared"  # ArrayRecord: z_w's weights
 SAMPLES_KEY = "samples"  # ArrayRecord {x, y[, private_only]}: generated images for scoring
@@ -39,26 +37,8 @@ STATE_PRIVATE = "pfdm.private"  # node state, never sent: the private denoiser's
 # Arrays inside UPLOAD_KEY and SAMPLES_KEY
 X, Y = "x", "y"  # images (N, C, H, W) and their integer class labels (N,)
 PRIVATE_ONLY = "private_only"  # SAMPLES_KEY of pfdm: the private denoiser's own samples T -> 0, for the same Y
+ARRAY_NAMES = (X, Y, PRIVATE_ONLY)  # spelled here only (tests/test_architecture.py)
 PRIVATE_LEVELS = ("below-t0", "all")  # pfdm.private-levels: (0, t0] or (0, T]
-SHARED_MODES = ("relative", "algorithm2")  # pfdm.shared: what z_w models (shared_objective)
-
-def shared_objective(mode: str, t0: int, T: int) -> tuple[tuple[int, int], int | None]:
-    """(t_range, source_t) of z_w's DDPM.loss. relative: levels (t0, T] of the clean data, with the uploads
-    taken as x_t0 (the re-scaled target); algorithm2: a standard DDPM whose data are the uploads x~,
-    levels (0, T] (Algorithm 2: sampled for all T steps, its output is an x~ for the private model at t0)."""
-    if mode not in SHARED_MODES:
-        raise ValueError(f"pfdm.shared={mode!r}: must be one of {', '.join(SHARED_MODES)}")
-    return ((t0, T), t0) if mode == "relative" else ((0, T), None)
-
-
-def shared_sample(shared, y: torch.Tensor, t0: int, mode: str, steps: int, generator: torch.Generator) -> torch.Tensor:
-    """An x_t0 from z_w (a fedapp.models.ddpm.DDPM), run from T down to the lowest level it learnt
-    (shared_objective): t0 in relative mode; 0 in algorithm2 mode, whose data are the uploads x~, so its output already is at level t0 (and its
-    x0 estimate is not clamped to [-1, 1], which x~ is not confined to)."""
-    (lowest, _), _ = shared_objective(mode, t0, shared.T)
-    return shared.sample(len(y), y, t_start=shared.T, t_end=lowest, steps=steps, generator=generator,
-                         clip_x0=mode == "relative")
-
 
 def within_shard(content: RecordDict, facts: ShardFacts) -> str | None:
     """One released image per training image of the shard: labels per class at most the shard's,
@@ -88,14 +68,19 @@ PHASES = (TRAIN, SAMPLE, LOCAL_SAMPLE, FEDAVG_TRAIN, DPDM_TRAIN)
 class PFDMOptions:
     """Options of pfdm and its generation baselines (local-only, fedavg-ddpm, dpdm, centralized-ddpm)."""
 
-    t0: int = opt(0, low=0, high=1000, help="forward-diffusion level of the upload; 0: smallest t0 meeting pfdm.epsilon")
-    epsilon: float = opt(10.0, low=0.0, low_open=True, help="target epsilon: LDP of the upload (pfdm, when pfdm.t0 = 0); DP-SGD over all rounds (dpdm, when pfdm.dp-noise = 0)")
+    t0: int = opt(0, low=0, high=1000,
+                  help="forward-diffusion level of the upload; 0: smallest t0 meeting pfdm.epsilon")
+    epsilon: float = opt(10.0, low=0.0, low_open=True,
+                         help="target epsilon: LDP of the upload (pfdm, when pfdm.t0 = 0); "
+                              "DP-SGD over all rounds (dpdm, when pfdm.dp-noise = 0)")
     clip: float = opt(10.0, low=0.0, low_open=True, help="C: per-sample L2 clipping norm of the upload")
     delta: float = opt(1e-5, low=0.0, low_open=True, high=0.5, help="LDP delta")
     accountant: str = opt("bound", choices=("bound", "rdp", "pld"),
                           help="epsilon of a release: the paper's closed-form bound, or a tight RDP / PLD "
                                "accountant (dp-accounting); picks t0 when pfdm.t0 = 0")
-    local_steps: int = opt(300, low=1, help="steps of each client's denoiser (private / local-only; fedavg-ddpm, dpdm: in total over rounds)")
+    local_steps: int = opt(300, low=1,
+                           help="steps of each client's denoiser "
+                                "(private / local-only; fedavg-ddpm, dpdm: in total over rounds)")
     private_levels: str = opt("below-t0", choices=PRIVATE_LEVELS,
                               help="levels the private denoiser trains on: below-t0 = (0, t0], the only ones "
                                    "PFDM samples it on (Algorithm 2), so the whole budget goes there; all = (0, T] "
@@ -124,9 +109,6 @@ class PFDMOptions:
                               "such as '16,32'")
 
 
-OPTIONS = PFDMOptions
-
-
 def validate_upload(content: RecordDict, shape: tuple, num_classes: int, max_bytes: float | None) -> str | None:
     """x~ of the data's shape, float and finite; integer labels in range, one per image."""
     rec = content.array_records.get(UPLOAD_KEY)
@@ -147,9 +129,3 @@ def validate_samples(content: RecordDict, shape: tuple, keys: tuple[str, ...] = 
     rec = content.array_records.get(SAMPLES_KEY)
     images = {k: (None, *shape) for k in keys if k != Y}
     return check_arrays(rec, {**images, Y: (None,)})
-
-
-def validate_fedavg_train(content: RecordDict, expected: dict[str, tuple], max_bytes: float | None,
-                          dtypes: dict[str, str] | None = None) -> str | None:
-    """fedavg-ddpm's upload is FedAvg's: the global DDPM's exact keys, shapes and dtypes, finite, a sane weight."""
-    return validate_train(content, expected, max_bytes, dtypes)

@@ -13,7 +13,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
 
-from fedapp.protocols import CLIENT_KEY, PARTITION_KEY, RUN_KEY
+from fedapp.protocols import CLIENT_KEY, PARTITION_KEY
 
 
 def tensors_of(record: ArrayRecord) -> dict[str, torch.Tensor]:
@@ -27,10 +27,6 @@ def run_config_record(flat: Mapping[str, Any], **extra: Any) -> ConfigRecord:
     for k, v in extra.items():
         rec[k] = v
     return rec
-
-
-def run_config_of(content: RecordDict) -> ConfigRecord:
-    return content.config_records[RUN_KEY]
 
 
 def partition_of(reply: Message) -> int | None:

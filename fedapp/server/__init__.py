@@ -2,9 +2,10 @@
 gate, the strategy bases. Strategies import this package; it imports no strategy."""
 
 from fedapp.server.grid import MeteredGrid, make_messages, wait_for_nodes
+from fedapp.server.rounds import RoundStrategy
 from fedapp.server.run import ServerRun
 from fedapp.server.strategy import FedappStrategy, PhasedStrategy
 from fedapp.server.validation import keep_valid
 
-__all__ = ["FedappStrategy", "MeteredGrid", "PhasedStrategy", "ServerRun", "keep_valid", "make_messages",
-           "wait_for_nodes"]
+__all__ = ["FedappStrategy", "MeteredGrid", "PhasedStrategy", "RoundStrategy", "ServerRun", "keep_valid",
+           "make_messages", "wait_for_nodes"]

@@ -45,8 +45,8 @@ class MeteredGrid:
         for m in messages:
             self.run.ledger.add(str(m.metadata.dst_node_id), phase, "down", record_nbytes(m.content))
         t0 = time.time()
-        replies = list(self._grid.send_and_receive(messages, timeout=timeout))
-        self.run.add_seconds(phase, time.time() - t0)
+        with self.run.phase(phase, quiet=True):
+            replies = list(self._grid.send_and_receive(messages, timeout=timeout))
         elapsed = time.time() - t0
         answered, kept = set(), []
         live = LiveNodes(self._grid)

@@ -35,20 +35,20 @@ class ServerRun:
         log.warning("[%s] dropped %s: %s", phase, who, reason)
         self.failures.append({"node_id": node_id, "partition_id": pid, "phase": phase, "reason": reason})
 
-    def add_seconds(self, phase: str, seconds: float) -> None:
-        self.phase_seconds[phase] = self.phase_seconds.get(phase, 0.0) + seconds
-
     @contextlib.contextmanager
-    def phase(self, name: str, what: str = "") -> Iterator[None]:
+    def phase(self, name: str, what: str = "", quiet: bool = False) -> Iterator[None]:
         """One server phase: a start line (`synthesis: 5000 images for 4 clients`), an end line
-        (`synthesis done in 40.2 s`) and its wall time in summary.json's phase_seconds."""
-        log.info("%s: %s", name, what or "start")
+        (`synthesis done in 40.2 s`) and its wall time in summary.json's phase_seconds, summed over
+        repeats (a message type recurs every round). quiet: the time only (the grid logs its own line)."""
+        if not quiet:
+            log.info("%s: %s", name, what or "start")
         t0 = time.time()
         try:
             yield
         finally:
-            self.add_seconds(name, time.time() - t0)
-            log.info("%s done in %.1f s", name, time.time() - t0)
+            self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + time.time() - t0
+            if not quiet:
+                log.info("%s done in %.1f s", name, time.time() - t0)
 
     def client_label(self, node_id: int) -> str:
         pid = self.node_partition.get(node_id)

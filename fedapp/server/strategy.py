@@ -1,7 +1,8 @@
 """The two shapes a method's server side takes.
 
-- Round-based methods (FedAvg, FedProx, MOON, FedDifRC, fedavg-ddpm, FedFlow) subclass Flower's
-  `FedAvg` and mix in `FedappStrategy`: Flower's loop owns the rounds, the method overrides hooks.
+- Round-based methods (FedAvg, FedProx, MOON, FedDifRC, fedavg-ddpm, dpdm, FedFlow) subclass
+  `RoundStrategy` (fedapp/server/rounds.py: Flower's `FedAvg` with `FedappStrategy` mixed in): Flower's
+  loop owns the rounds, the method overrides hooks.
 - Phased methods (Espresso, PFDM, DCFM and their one-shot baselines) subclass `PhasedStrategy`:
   `execute` reads as the protocol, one `exchange` per declared `Phase`, with the server's own work
   (synthesis, distillation, denoiser training) between them.
@@ -48,8 +49,6 @@ class FedappStrategy:
 
 class PhasedStrategy(FedappStrategy):
     """A method that is a sequence of declared phases rather than a loop of FedAvg rounds."""
-
-    phases: tuple[Phase, ...] = ()  # the protocol, in the order `execute` runs it
 
     def __init__(self, run: ServerRun):
         self.bind(run)

@@ -128,7 +128,8 @@ class Prior:
         z = z.to(self.device, self.dtype)
         if self.vae is None:
             return z.clamp(-1, 1)
-        return torch.cat([self.vae.decode(c / self.scaling_factor).sample for c in z.split(self.vae_batch)]).clamp(-1, 1)
+        return torch.cat([self.vae.decode(c / self.scaling_factor).sample
+                          for c in z.split(self.vae_batch)]).clamp(-1, 1)
 
     # ---- conditions -----------------------------------------------------------------------------
     @torch.no_grad()
@@ -343,7 +344,8 @@ def _frozen(module: torch.nn.Module, device: torch.device, dtype: torch.dtype) -
     return (module.to(device) if same else module.to(device, dtype)).eval().requires_grad_(False)
 
 
-def load_components(source: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32) -> Prior:
+def load_components(source: str | Path, device: str | torch.device = "cpu",
+                    dtype: torch.dtype = torch.float32) -> Prior:
     """A Prior from an SD-1.5-layout folder or hub id, each component through its class's from_pretrained.
     A local folder has a VAE when it has vae/; a hub SD pipeline always has one."""
     from diffusers import AutoencoderKL, DDIMScheduler, UNet2DConditionModel

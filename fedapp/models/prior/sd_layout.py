@@ -32,7 +32,8 @@ def random_sd_pipeline(workdir: str | Path, image_size: int = 32, levels: int = 
         vocab_size=len(vocab), hidden_size=32, intermediate_size=37, num_hidden_layers=2, num_attention_heads=4,
         max_position_embeddings=77, bos_token_id=0, eos_token_id=1, pad_token_id=1))
     vae = AutoencoderKL(in_channels=3, out_channels=3, down_block_types=("DownEncoderBlock2D",) * levels,
-                        up_block_types=("UpDecoderBlock2D",) * levels, block_out_channels=tuple(8 * 2**i for i in range(levels)),
+                        up_block_types=("UpDecoderBlock2D",) * levels,
+                        block_out_channels=tuple(8 * 2**i for i in range(levels)),
                         latent_channels=4, layers_per_block=1, norm_num_groups=4, sample_size=image_size)
     unet = UNet2DConditionModel(
         sample_size=image_size // 2 ** (levels - 1), in_channels=4, out_channels=4,

@@ -26,7 +26,8 @@ from .pipeline import Prior, load_components
 
 log = logging.getLogger("fedapp")
 
-ALLOWED = ("allowed: 'tiny', 'tiny:<dataset>' (either + '@<domain>[+<domain>...]'), a local folder with unet/, text_encoder/, tokenizer/, "
+ALLOWED = ("allowed: 'tiny', 'tiny:<dataset>' (either + '@<domain>[+<domain>...]'), "
+           "a local folder with unet/, text_encoder/, tokenizer/, "
            "scheduler/ (vae/ optional), or a Hugging Face id such as 'runwayml/stable-diffusion-v1-5'")
 REQUIRED = ("unet", "text_encoder", "tokenizer", "scheduler")  # vae/ is optional: pixel space without it
 
@@ -170,7 +171,8 @@ def load_prior(name_or_path: str | Path, device: str | torch.device = "cpu", dty
     if src.kind == "tiny" and not src.folder.is_dir():
         if not build:
             raise ValueError(f"prior={spec!r}: the tiny prior for dataset {src.dataset!r} is not built yet at "
-                             f"{src.folder}; build it with `python -m fedapp.models.prior.tiny --dataset {src.dataset}`")
+                             f"{src.folder}; build it with "
+                             f"`python -m fedapp.models.prior.tiny --dataset {src.dataset}`")
         from .tiny import build_tiny_prior
 
         build_tiny_prior(src.dataset, tiny_image_size(src.dataset), cache_dir=cache_dir, domains=src.domains)
@@ -183,11 +185,27 @@ def load_prior(name_or_path: str | Path, device: str | torch.device = "cpu", dty
         raise ValueError(f"prior={spec!r}: could not load it from the Hugging Face hub ({first}); {ALLOWED}") from e
 
 
+def tiny_prior_missing(spec: str | Path, dataset: str | None, cache_dir: str | Path | None = None) -> bool:
+    """Whether `spec` names a built-in tiny prior that is not built yet (folders and hub ids never are)."""
+    src = resolve_prior(spec, dataset, cache_dir)
+    return src.kind == "tiny" and not (src.folder / "prior_meta.json").is_file()
+
+
+def ensure_prior_built(spec: str | Path, dataset: str | None, cache_dir: str | Path | None = None) -> bool:
+    """Build the built-in tiny prior `spec` names when it is missing (once, cached; a log line first, since
+    the build takes minutes); True when it built one. Folders and hub ids are left alone."""
+    if not tiny_prior_missing(spec, dataset, cache_dir):
+        return False
+    src = resolve_prior(spec, dataset, cache_dir)
+    log.info("building the tiny prior for %s (once; cached for later runs)", src.dataset)
+    from .tiny import build_tiny_prior
+
+    build_tiny_prior(src.dataset, tiny_image_size(src.dataset), cache_dir=cache_dir, domains=src.domains)
+    return True
+
+
 def load_or_build_prior(spec: str | Path, dataset: str | None, device: str | torch.device = "cpu",
                         dtype: torch.dtype = torch.float32) -> Prior:
-    """load_prior for whoever may train: the built-in tiny prior is built (once, cached) when missing, with a
-    log line, since the build takes minutes."""
-    src = resolve_prior(spec, dataset)
-    if src.kind == "tiny" and not (src.folder / "prior_meta.json").is_file():
-        log.info("building the tiny prior for %s (once; cached for later runs)", src.dataset)
-    return load_prior(spec, device, dtype, dataset=dataset, build=src.kind == "tiny")
+    """load_prior for whoever may train: the built-in tiny prior is built first when missing."""
+    ensure_prior_built(spec, dataset)
+    return load_prior(spec, device, dtype, dataset=dataset)

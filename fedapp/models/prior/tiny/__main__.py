@@ -4,7 +4,7 @@
     python -m fedapp.models.prior.tiny --dataset digits --no-eval --set lr=3e-3
 
 Writes the prior into its cache folder, its measured figures into prior_meta.json there and, unless
---docs '', the sample grid and figures into docs/tiny_prior_<dataset>.png/.json.
+--docs '', the sample grid and figures into docs/results/tiny_prior_<dataset>.png/.json.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--domains", default=None, help="train on these domains only, e.g. photo or photo+sketch "
                                                     "(what the spec tiny@photo loads)")
     p.add_argument("--cache-dir", default=None)
-    p.add_argument("--docs", default="docs", help="folder for the sample grid and figures ('' to skip)")
+    p.add_argument("--docs", default="docs/results", help="folder for the sample grid and figures ('' to skip)")
     p.add_argument("--no-eval", action="store_true")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: auto from the load)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> None:
     write_json(folder / "prior_meta.json", meta)
     print(f"train {meta['seconds']} s, {meta['steps']} steps, final loss {meta['final_loss']}; "
           f"sample accuracy {meta['sample_accuracy']:.1%} at guidance {meta['sample_guidance']} "
-          "(by guidance: " + ", ".join(f"{g}: {v['accuracy']:.1%}" for g, v in meta["accuracy_by_guidance"].items()) + ")")
+          "(by guidance: "
+          + ", ".join(f"{g}: {v['accuracy']:.1%}" for g, v in meta["accuracy_by_guidance"].items()) + ")")
     if a.docs:
         docs = Path(a.docs)
         docs.mkdir(parents=True, exist_ok=True)

@@ -58,6 +58,7 @@ def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
               "unet_evals": zz.unet_evals, "seconds": round(time.time() - t1, 1)}
     return {"sample_accuracy": round(best[1], 4), "sample_guidance": best[0], "accuracy_by_guidance": result,
             "zigzag": zigzag,
-            "samples_per_class": per_class, "sample_steps": num_steps, "reference_classifier_seconds": round(ref_seconds, 1),
+            "samples_per_class": per_class, "sample_steps": num_steps,
+            "reference_classifier_seconds": round(ref_seconds, 1),
             "reference_classifier": f"SmallCNN, {classifier_epochs} epochs on the real images outside the test split",
             "reference_test_accuracy": round(ref.held_out_accuracy, 4), **reader_metrics([ref])}

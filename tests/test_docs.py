@@ -1,0 +1,89 @@
+"""The docs stay true: README's "Adding a dataset" / "Adding a partitioner" name the places every
+built-in is registered in, docs/ holds prose and docs/results/ what commands regenerate, and every
+relative link in README.md and docs/*.md points at a file that exists."""
+
+import re
+from pathlib import Path
+
+import pytest
+
+import feddata
+from feddata import builtin, hub, partition
+from fedapp.models.text import prompt_template
+
+ROOT = Path(__file__).resolve().parents[1]
+README = (ROOT / "README.md").read_text()
+
+
+def _section(title: str) -> str:
+    start = README.index(f"\n## {title}\n")
+    end = README.find("\n## ", start + 1)
+    return README[start:end if end >= 0 else None]
+
+
+def _table_names(section: str, header: str) -> set[str]:
+    """Backticked names in the first column of the table whose header row starts with `header`."""
+    lines = section[section.index(header):].splitlines()[2:]
+    rows = [line for line in lines if line.startswith("|")]
+    rows = rows[: next((i for i, line in enumerate(lines) if not line.startswith("|")), len(rows))]
+    return {name for row in rows for name in re.findall(r"`([^`]+)`", row.split("|")[1])}
+
+
+@pytest.mark.parametrize("title, places", [
+    ("Adding a dataset", {"feddata/hub.py": ["HUB_ALIASES"],
+                          "feddata/builtin.py": ["_SPECS", "BUILTINS", "NATIVE_SIZE", "_ATTRIBUTES", "def render("],
+                          "fedapp/models/text.py": ["def prompt_template("]}),
+    ("Adding a partitioner", {"feddata/partition.py": ["PARTITIONER_PARAMS", "_PER_CLASS", "_RANGES", "PARTITIONERS",
+                                                       "class Assignment", "def partition("]}),
+])
+def test_the_guides_name_places_that_exist(title, places):
+    text = _section(title)
+    for path, symbols in places.items():
+        assert f"`{path}`" in text, (title, path)
+        source = (ROOT / path).read_text()
+        for symbol in symbols:
+            assert symbol in source, (path, symbol)
+            assert symbol.removeprefix("def ").removeprefix("class ").rstrip("(") in text, (title, symbol)
+
+
+def test_every_dataset_is_registered_where_the_guide_says():
+    assert builtin.BUILTINS == tuple(builtin._SPECS)
+    assert feddata.DATASETS == builtin.BUILTINS + tuple(hub.HUB_ALIASES)
+    for name, (grey, rendering) in builtin._SPECS.items():
+        assert grey in builtin.NATIVE_SIZE and rendering in builtin._ATTRIBUTES, name
+        assert prompt_template(name) == "a photo of the digit {}", name  # digit class names need the digit prompt
+    for alias, hub_id in hub.HUB_ALIASES.items():
+        assert re.fullmatch(r"[\w.-]+/[\w.-]+", hub_id), alias
+    table = _table_names(_section("Choosing the method, data and partitioner"), "| `dataset` |")
+    assert set(feddata.DATASETS) <= table, set(feddata.DATASETS) - table
+
+
+def test_every_partitioner_is_registered_where_the_guide_says():
+    assert feddata.PARTITIONERS == tuple(feddata.PARTITIONER_PARAMS)
+    for name, spec in feddata.PARTITIONER_PARAMS.items():
+        assert "per-class" in spec, name
+        assert set(spec) <= set(partition._RANGES), (name, set(spec) - set(partition._RANGES))
+    assert set(re.findall(r'partitioner == "([^"]+)"', (ROOT / "feddata/partition.py").read_text())) == set(
+        feddata.PARTITIONERS)  # a branch in partition() each
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    for key in {k for spec in feddata.PARTITIONER_PARAMS.values() for k in spec}:
+        assert re.search(rf'^"?partitioner\.{re.escape(key)}"?\s*=', pyproject, re.M), key
+    table = _table_names(_section("Choosing the method, data and partitioner"), "| `partitioner.name` |")
+    assert set(feddata.PARTITIONERS) == table
+
+
+def test_docs_holds_prose_and_results_what_commands_write():
+    top = [p.name for p in (ROOT / "docs").iterdir() if p.is_file()]
+    assert top and all(name.endswith(".md") for name in top), top
+    assert {p.name for p in (ROOT / "docs").iterdir() if p.is_dir()} == {"results"}
+    assert not list((ROOT / "docs" / "results").rglob("*.md"))
+
+
+@pytest.mark.parametrize("doc", ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))])
+def test_every_relative_link_points_at_a_file(doc):
+    text = (ROOT / doc).read_text()
+    targets = [t.split("#")[0] for t in re.findall(r"\]\(([^)\s]+)\)", text)
+               if not t.startswith(("http://", "https://", "mailto:", "#"))]
+    assert targets or doc != "README.md"
+    missing = [t for t in targets if not (ROOT / doc).parent.joinpath(t).exists()]
+    assert not missing, missing
