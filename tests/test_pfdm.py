@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedapp.privacy import (clip_norm, forward_diffuse, ldp_epsilon, ldp_sigma2, linear_abar, privatize,
+from fedapp.privacy import (clip_norm, rdp_orders, forward_diffuse, ldp_epsilon, ldp_sigma2, linear_abar, privatize,
                             resolve_t0, smallest_t0)
 
 TINY = {"dataset": "colored-digits", "partitioner": "minority", "partitioner.per-class": 0, "image-size": 8,
@@ -425,7 +425,8 @@ def test_dpdm_client_reports_opacus_epsilon_for_its_noise_rate_and_steps_so_far(
         for _ in range(steps):
             acc.step(noise_multiplier=sigma, sample_rate=q)
         m = reply[METRICS_KEY]
-        assert m[P.DP_EPSILON_METRIC] == pytest.approx(acc.get_epsilon(ctx.cfg.options.delta), rel=1e-9)
+        assert m[P.DP_EPSILON_METRIC] == pytest.approx(acc.get_epsilon(ctx.cfg.options.delta, alphas=rdp_orders()),
+                                                       rel=1e-9)
         assert m[P.DP_NOISE_METRIC] == sigma
         weights = reply[ARRAYS_KEY]
     assert 4.5 < m[P.DP_EPSILON_METRIC] <= 5.0 + 1e-6
@@ -453,3 +454,15 @@ def test_dpdm_randomness_beyond_the_seed_is_the_dp_mechanisms_own():
     assert not torch.equal(weights(1e-9, 1.0), initial)
     assert not torch.equal(weights(1.0, 1.0), weights(1.0, 1.0))
     assert not torch.equal(weights(0.5, 0.0), weights(0.5, 0.0))
+
+
+@pytest.mark.filterwarnings("error")
+@pytest.mark.parametrize("epsilon, q, steps", [(10.0, 0.1, 3), (100.0, 0.2, 10), (1.0, 0.01, 1000)])
+def test_dpsgd_accounting_finds_its_best_order_inside_the_range_it_searches(epsilon, q, steps):
+    """Opacus warns (and reports a looser epsilon) when the best RDP order is an end of the range it is given:
+    few steps or much noise want orders above its default 63, epsilon ~100 orders below 1.1."""
+    from fedapp.privacy import dpsgd_epsilon, dpsgd_noise_multiplier
+
+    sigma = dpsgd_noise_multiplier(epsilon, 1e-5, q, steps)
+    assert 0.9 * epsilon < dpsgd_epsilon(sigma, q, steps, 1e-5) <= epsilon * (1 + 1e-3)
+    assert min(rdp_orders()) < 1.1 and max(rdp_orders()) > 63

@@ -244,6 +244,19 @@ def test_fraction_evaluate_asks_that_share_of_nodes_or_none(tmp_path):
     assert asked(0.0) == []  # the global test set only
 
 
+def test_no_federated_evaluation_is_the_protocol_not_a_warning(tmp_path, monkeypatch):
+    """fraction-evaluate = 0 (fedavg-ddpm, dpdm, fedflow always; the FedAvg family on request): evaluation is
+    skipped as Flower skips it, without Flower's construction-time WARNING in every such run's log."""
+    import flwr.serverapp.strategy.fedavg as flower_fedavg
+
+    logged = []
+    monkeypatch.setattr(flower_fedavg, "log", lambda level, msg, *a: logged.append(msg % a if a else msg))
+    cfg = parse_run_config({"min-clients": 2, "fraction-evaluate": 0.0, "out-dir": str(tmp_path)})
+    strat = FedAvgStrategy(ServerRun(cfg=cfg, out=RunDir(tmp_path / "r")))
+    assert strat.fraction_evaluate == 0.0 and strat.min_evaluate_nodes == 0
+    assert not any("fraction_evaluate" in m for m in logged), logged
+
+
 def test_fraction_train_is_refused_where_no_client_sampling_exists(tmp_path):
     from fedapp.config import ConfigError
     from fedapp.preflight import check_fraction_train

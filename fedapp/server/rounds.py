@@ -33,7 +33,9 @@ class RoundStrategy(FedappStrategy, FedAvg):
     def __init__(self, run: ServerRun, fraction_train: float = 1.0, fraction_evaluate: float = 0.0, **kwargs: Any):
         n = run.cfg.min_clients
         super().__init__(min_train_nodes=n, min_evaluate_nodes=n, min_available_nodes=n, fraction_train=fraction_train,
-                         fraction_evaluate=fraction_evaluate, **RECORD_KEYS, **kwargs)
+                         fraction_evaluate=fraction_evaluate or 1.0, **RECORD_KEYS, **kwargs)
+        if fraction_evaluate == 0.0:  # set after Flower's __init__, which logs a WARNING for a 0 it is given:
+            self.fraction_evaluate, self.min_evaluate_nodes = 0.0, 0  # here it is the protocol (what Flower does)
         self.bind(run)
         self._expected: dict[str, tuple] = {}  # the global model's keys -> shapes (`expect`)
         self._dtypes: dict[str, str] = {}  # and dtypes: an integer upload is never averaged into it
