@@ -1,12 +1,13 @@
 """`python -m experiments feddifrc-budget`: the FedAvg budget at which FedDifRC's table is read (issue 26).
 
-FedAvg on mnist-5k (28 px, 10 clients, 5 sampled a round, Dirichlet alpha 0.5; the classifier recipe of
+FedAvg on mnist-5k (28 px, 10 clients, 5 sampled a round, Dirichlet alpha 0.5 or --split; the classifier recipe of
 docs/recipe.md; lr 0.02, batch 16; fraction-evaluate 0: the server's global test accuracy) for each of
 --local-epochs, --rounds rounds, over --seeds. At every round R, the convergence verdict of each seed's curve
 up to R (experiments.common.classification_verdict: the last-5-round mean at R against at R - 10, < 1 point).
 The budget of a local-epochs setting is the first R at which every seed's curve is converged; the table's
 budget is the cheapest of them in client epochs (R x local epochs). In-process runs
-(fedapp.simulation.simulate_in_process). Writes <out>/feddifrc_budget.json and <out>/feddifrc_budget.png.
+(fedapp.simulation.simulate_in_process). Writes <out>/feddifrc_budget.json and .png (alpha 0.5, the table's
+budget), or <out>/feddifrc_budget_<split>.json and .png for another split: whether the budget reaches it.
 """
 
 from __future__ import annotations
@@ -27,11 +28,11 @@ from fedapp.results import atomic_write_json
 CLIENTS = 10
 
 
-def config(local_epochs: int, rounds: int, seed: int, runs: str) -> dict[str, Any]:
-    return {**METHODS["fedavg"][1], **SPLITS["a0.5"], "dataset": "mnist-5k", "num-server-rounds": rounds,
+def config(local_epochs: int, rounds: int, seed: int, runs: str, split: str = "a0.5") -> dict[str, Any]:
+    return {**METHODS["fedavg"][1], **SPLITS[split], "dataset": "mnist-5k", "num-server-rounds": rounds,
             "local-epochs": local_epochs, "lr": 0.02, "batch-size": 16, "fraction-train": 0.5,
             "fraction-evaluate": 0.0, "partitioner.per-class": 0, "min-clients": 2, "seed": seed, "device": "cpu",
-            "out-dir": runs, "run-name": f"fedavg-a0.5-e{local_epochs}-r{rounds}-s{seed}"}
+            "out-dir": runs, "run-name": f"fedavg-{split}-e{local_epochs}-r{rounds}-s{seed}"}
 
 
 def converged_at(curves: list[list[float]]) -> int | None:
@@ -78,7 +79,12 @@ def table_text(s: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def plot(results: dict[str, dict[str, list[float]]], s: dict[str, Any], path: Path) -> None:
+def stem(split: str) -> str:
+    """feddifrc_budget (alpha 0.5, the table's budget) or feddifrc_budget_<split>."""
+    return "feddifrc_budget" if split == "a0.5" else f"feddifrc_budget_{split}"
+
+
+def plot(results: dict[str, dict[str, list[float]]], s: dict[str, Any], path: Path, split: str = "a0.5") -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -95,7 +101,7 @@ def plot(results: dict[str, dict[str, list[float]]], s: dict[str, Any], path: Pa
         if r:
             ax.axvline(r, color=line.get_color(), ls=":", lw=1)
     ax.set(xlabel="round", ylabel="server test accuracy (%)", ylim=(40, 100),
-           title="FedAvg, mnist-5k, α = 0.5, 5 of 10 clients a round\n(dotted: converged on every seed)")
+           title=f"FedAvg, mnist-5k, {split}, 5 of 10 clients a round\n(dotted: converged on every seed)")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
@@ -109,6 +115,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--local-epochs", default="2,5", help="comma-separated settings to measure")
     p.add_argument("--rounds", type=int, default=40)
+    p.add_argument("--split", default="a0.5", choices=list(SPLITS),
+                   help="the partition measured (a0.5: the table's budget; others: where that budget converges)")
     p.add_argument("--runs", default="runs/feddifrc-budget")
     p.add_argument("--out", default="docs/results")
     p.add_argument("--threads", type=int, default=2, help="torch threads (one job at a time)")
@@ -120,9 +128,9 @@ def main(argv: list[str]) -> None:
     quiet_logs()
     seeds = [int(s) for s in a.seeds.split(",")]
     epochs = [int(e) for e in a.local_epochs.split(",")]
-    check_configs([config(e, a.rounds, seeds[0], a.runs) for e in epochs], CLIENTS)
+    check_configs([config(e, a.rounds, seeds[0], a.runs, a.split) for e in epochs], CLIENTS)
     out = Path(a.out)
-    json_path = out / "feddifrc_budget.json"
+    json_path, png_path = out / f"{stem(a.split)}.json", out / f"{stem(a.split)}.png"
     results: dict[str, dict[str, list[float]]] = {}
     if json_path.exists():
         old = json.loads(json_path.read_text())
@@ -134,13 +142,13 @@ def main(argv: list[str]) -> None:
             if str(seed) in cell:
                 continue
             t = time.time()
-            cell[str(seed)] = accuracy_curve(run(config(e, a.rounds, seed, a.runs), CLIENTS, "inprocess"))
+            cell[str(seed)] = accuracy_curve(run(config(e, a.rounds, seed, a.runs, a.split), CLIENTS, "inprocess"))
             print(f"{e} local epochs, seed {seed}: last {100 * cell[str(seed)][-1]:.1f} % "
                   f"({time.time() - t:.0f} s)", flush=True)
             out.mkdir(parents=True, exist_ok=True)
             atomic_write_json(json_path, {"rounds": a.rounds, "results": results, "summary": summary(results)})
     s = summary(results)
     atomic_write_json(json_path, {"rounds": a.rounds, "results": results, "summary": s})
-    plot(results, s, out / "feddifrc_budget.png")
+    plot(results, s, png_path, a.split)
     print(table_text(s))
-    print(f"wrote {json_path} and {out / 'feddifrc_budget.png'}")
+    print(f"wrote {json_path} and {png_path}")

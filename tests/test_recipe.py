@@ -69,3 +69,12 @@ def test_feddifrc_budget_pairs_each_setting_with_the_fewest_local_epochs():
     assert "last_round_vs_2_local_epochs" not in s["by_local_epochs"]["2"]
     vs = s["by_local_epochs"]["5"]["last_round_vs_2_local_epochs"]
     assert vs["n"] == 2 and vs["favour"] == 1 and abs(vs["mean"] - 1.5) < 1e-9
+
+
+def test_feddifrc_budget_measures_another_split_under_its_own_name():
+    from experiments.feddifrc_budget import config, stem
+
+    c = config(2, 80, 1, "runs", "a0.1")
+    assert c["partitioner.alpha"] == 0.1 and c["num-server-rounds"] == 80 and c["run-name"] == "fedavg-a0.1-e2-r80-s1"
+    assert config(2, 40, 0, "runs")["partitioner.alpha"] == 0.5
+    assert stem("a0.5") == "feddifrc_budget" and stem("a0.1") == "feddifrc_budget_a0.1"
