@@ -326,3 +326,22 @@ def test_a_tiny_prior_not_built_yet_is_built_once_on_the_server_before_any_clien
     s = simulate_in_process({**_flat("tiny"), "num-server-rounds": 1, "local-epochs": 1, "min-clients": 2,
                              "out-dir": str(tmp_path / "runs")}, 2)
     assert builds == ["digits"] and "prior" not in s["phase_seconds"]  # built once: later runs load it
+
+
+def test_the_class_signal_of_targets_is_nil_when_prompts_do_not_move_them_and_full_when_they_separate():
+    """experiments/feddifrc_signal.py: TDCL's floor at the ideal embedding is log K when every prompt gives the
+    same target, near 0 when each class prompt gives its own direction; H~ nearest its own-class target."""
+    import math
+
+    from experiments.feddifrc_signal import signal_figures
+
+    g = torch.Generator().manual_seed(0)
+    n, k, d = 40, 4, 8
+    pos = torch.arange(n) % k
+    same = torch.randn(n, 1, d, generator=g).expand(n, k, d)
+    flat = signal_figures(same, pos, same[:, 0], tau=0.04)
+    assert flat["tdcl_floor"] == pytest.approx(math.log(k), rel=1e-5) and flat["cos_own_other"] == pytest.approx(1.0)
+    apart = torch.eye(k, d).expand(n, k, d) + 0.01 * torch.randn(n, k, d, generator=g)
+    sep = signal_figures(apart, pos, apart[torch.arange(n), pos], tau=0.04)
+    assert sep["tdcl_floor"] < 0.01 and sep["cos_own_other"] < 0.1
+    assert sep["prompt_accuracy"] == 1.0 and flat["probe_accuracy_H"] <= 0.6 < sep["probe_accuracy_H"] == 1.0
