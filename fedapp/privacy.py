@@ -74,7 +74,7 @@ def accountant_epsilon(t0: int, clip: float, delta: float, accountant: str = "bo
     interval = max(1e-4, 1e-6 * ldp_epsilon(t0, clip, delta, **schedule))
     acc = RdpAccountant() if accountant == "rdp" else PLDAccountant(value_discretization_interval=interval)
     acc.compose(dp_event.GaussianDpEvent(multiplier))
-    return float(acc.get_epsilon(delta, alphas=rdp_orders()))
+    return float(acc.get_epsilon(delta))
 
 
 def smallest_t0(target_epsilon: float, clip: float, delta: float, accountant: str = "bound", **schedule) -> int:
