@@ -98,9 +98,11 @@ class DcfmOptions:
     ref_epochs: int = opt(8, low=1, help="epochs of the reference classifiers (digit, colour) on real data")
 
     def __post_init__(self) -> None:
-        if self.pi_full + self.pi_marg + self.pi_uncond <= 0:
-            raise ConfigError(f"dcfm.pi-full + dcfm.pi-marg + dcfm.pi-uncond = "
-                              f"{self.pi_full + self.pi_marg + self.pi_uncond}: must be > 0")
+        total = self.pi_full + self.pi_marg + self.pi_uncond
+        if abs(total - 1.0) > 1e-6:  # the mask's distribution (eq. 8): never silently renormalised
+            raise ConfigError(f"dcfm.pi-full + dcfm.pi-marg + dcfm.pi-uncond = {total:g} "
+                              f"({self.pi_full:g} + {self.pi_marg:g} + {self.pi_uncond:g}): must sum to 1, "
+                              "the probabilities of the full label, one attribute and none")
 
     @property
     def pi(self) -> tuple[float, float, float]:
