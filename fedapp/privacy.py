@@ -146,10 +146,16 @@ def dpsgd_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta
 @functools.lru_cache(maxsize=64)  # a bisection of ~30 accountant calls (~10 s); a client asks every round
 def dpsgd_noise_multiplier(epsilon: float, delta: float, sample_rate: float, steps: int) -> float:
     """The smallest noise multiplier whose DP-SGD run of `steps` steps spends at most epsilon (Opacus)."""
+    import warnings
+
     from opacus.accountants.utils import get_noise_multiplier
 
-    return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
-                                      steps=steps, accountant="rdp", alphas=rdp_orders()))
+    with warnings.catch_warnings():
+        # Opacus brackets sigma from 10 upwards before bisecting; at those probe points (never the answer) the best
+        # order of a few-step run lies beyond any range and it warns. The answer's epsilon is dpsgd_epsilon's.
+        warnings.filterwarnings("ignore", message="Optimal order is the largest alpha", category=UserWarning)
+        return float(get_noise_multiplier(target_epsilon=epsilon, target_delta=delta, sample_rate=sample_rate,
+                                          steps=steps, accountant="rdp", alphas=rdp_orders()))
 
 
 def privatize(x: torch.Tensor, clip: float, t0: int, generator: torch.Generator | np.random.Generator | None = None

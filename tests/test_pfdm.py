@@ -395,6 +395,7 @@ def test_t0_match_scores_an_exact_level_t0_marginal_like_held_out_data_and_a_wro
 
 
 # ---- dpdm: FedAvg over a DDPM trained with DP-SGD (Opacus) ------------------------------------------
+@pytest.mark.filterwarnings("error")
 def test_dpdm_client_reports_opacus_epsilon_for_its_noise_rate_and_steps_so_far():
     """A client's round-r reply: epsilon is Opacus' RDP accountant stepped once per DP-SGD step of rounds
     1..r at its noise multiplier and sampling rate; the multiplier picked for pfdm.epsilon spends (about)
