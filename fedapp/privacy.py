@@ -121,14 +121,15 @@ def os_torch_generator() -> torch.Generator:
 
 
 # ---- DP-SGD (the dpdm baseline): Opacus' RDP accountant ---------------------------------------------
-def rdp_orders() -> list[float]:
+@functools.cache  # built once; a function so that importing this module does not import Opacus
+def rdp_orders() -> tuple[float, ...]:
     """Opacus' default RDP orders (1.1 .. 63) extended down to 1.01 and up to 1024: with few steps or much noise
     the best order lies above 63, with little noise (epsilon ~100) below 1.1, where Opacus warns "Optimal order
     is the largest / smallest alpha" and reports a looser epsilon than the accountant can prove."""
     from opacus.accountants import RDPAccountant
 
-    return ([1.01, 1.02, 1.03, 1.05, 1.07] + RDPAccountant.DEFAULT_ALPHAS
-            + [64, 80, 96, 128, 160, 192, 256, 384, 512, 768, 1024])  # integers above 63: exact in Opacus
+    return tuple([1.01, 1.02, 1.03, 1.05, 1.07] + RDPAccountant.DEFAULT_ALPHAS
+                 + [64, 80, 96, 128, 160, 192, 256, 384, 512, 768, 1024])  # integers above 63: exact in Opacus
 
 
 def dpsgd_epsilon(noise_multiplier: float, sample_rate: float, steps: int, delta: float) -> float:

@@ -37,12 +37,11 @@ class FedDifRCStrategy(FedAvgStrategy):
     def build_prior(self) -> None:
         """A built-in tiny prior not built yet is built here, once, before any client needs it: the nodes of a
         simulation share this machine's cache and load it from there (deployed nodes build or copy their own)."""
-        from fedapp.models.prior import ensure_prior_built, tiny_prior_missing
+        from fedapp.models.prior import ensure_prior_built
 
         cfg = self.run.cfg
-        if tiny_prior_missing(cfg.prior, cfg.dataset):
-            with self.run.phase("prior", f"building the tiny prior of {cfg.dataset} once, before round 1"):
-                ensure_prior_built(cfg.prior, cfg.dataset)
+        ensure_prior_built(cfg.prior, cfg.dataset, around=lambda: self.run.phase(
+            "prior", f"building the tiny prior of {cfg.dataset} once, before round 1"))
 
     def aggregate_valid(self, server_round: int, valid: list[Message]):
         for r in valid:  # what each client's representation cache costs (reported once per client)

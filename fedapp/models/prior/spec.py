@@ -15,10 +15,13 @@ builds a missing tiny prior. The tiny package is imported only when a spec names
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, ContextManager
 
 import torch
 
@@ -167,15 +170,12 @@ def load_prior(name_or_path: str | Path, device: str | torch.device = "cpu", dty
     when that folder is missing it is built if `build`, else a ValueError says how to build it.
     """
     spec = str(name_or_path)
+    if build:
+        ensure_prior_built(spec, dataset, cache_dir)
     src = resolve_prior(spec, dataset, cache_dir)
     if src.kind == "tiny" and not src.folder.is_dir():
-        if not build:
-            raise ValueError(f"prior={spec!r}: the tiny prior for dataset {src.dataset!r} is not built yet at "
-                             f"{src.folder}; build it with "
-                             f"`python -m fedapp.models.prior.tiny --dataset {src.dataset}`")
-        from .tiny import build_tiny_prior
-
-        build_tiny_prior(src.dataset, tiny_image_size(src.dataset), cache_dir=cache_dir, domains=src.domains)
+        raise ValueError(f"prior={spec!r}: the tiny prior for dataset {src.dataset!r} is not built yet at "
+                         f"{src.folder}; build it with `python -m fedapp.models.prior.tiny --dataset {src.dataset}`")
     if src.kind != "hub":
         return load_components(src.location, device, dtype)
     try:
@@ -191,21 +191,22 @@ def tiny_prior_missing(spec: str | Path, dataset: str | None, cache_dir: str | P
     return src.kind == "tiny" and not (src.folder / "prior_meta.json").is_file()
 
 
-def ensure_prior_built(spec: str | Path, dataset: str | None, cache_dir: str | Path | None = None) -> bool:
-    """Build the built-in tiny prior `spec` names when it is missing (once, cached; a log line first, since
-    the build takes minutes); True when it built one. Folders and hub ids are left alone."""
-    if not tiny_prior_missing(spec, dataset, cache_dir):
-        return False
+def ensure_prior_built(spec: str | Path, dataset: str | None, cache_dir: str | Path | None = None,
+                       around: Callable[[], ContextManager[Any]] = contextlib.nullcontext) -> bool:
+    """Build the built-in tiny prior `spec` names when it is missing (once, cached), inside `around()` (e.g. a
+    run phase: the build takes minutes); True when it built one. Folders and hub ids are left alone."""
     src = resolve_prior(spec, dataset, cache_dir)
-    log.info("building the tiny prior for %s (once; cached for later runs)", src.dataset)
+    if src.kind != "tiny" or (src.folder / "prior_meta.json").is_file():
+        return False
     from .tiny import build_tiny_prior
 
-    build_tiny_prior(src.dataset, tiny_image_size(src.dataset), cache_dir=cache_dir, domains=src.domains)
+    with around():
+        log.info("building the tiny prior for %s (once; cached for later runs)", src.dataset)
+        build_tiny_prior(src.dataset, tiny_image_size(src.dataset), cache_dir=cache_dir, domains=src.domains)
     return True
 
 
 def load_or_build_prior(spec: str | Path, dataset: str | None, device: str | torch.device = "cpu",
                         dtype: torch.dtype = torch.float32) -> Prior:
     """load_prior for whoever may train: the built-in tiny prior is built first when missing."""
-    ensure_prior_built(spec, dataset)
-    return load_prior(spec, device, dtype, dataset=dataset)
+    return load_prior(spec, device, dtype, dataset=dataset, build=True)
