@@ -71,11 +71,11 @@ def split_steps(steps: int, t0: int, T: int = 1000) -> tuple[int, int]:
 
 @torch.no_grad()
 def personalised_sample(shared: DDPM, private: DDPM, y: torch.Tensor, t0: int, steps: int, seed: int,
-                        shared_mode: str = "relative") -> torch.Tensor:
+                        shared_mode: str = "relative", handover: str = "ddim", clip: float = 10.0) -> torch.Tensor:
     """Algorithm 2: x_t0 ~ z_w (shared_sample), then x_0 ~ z_theta_m(t0 -> 0 | flag = unclipped)."""
     g = torch.Generator().manual_seed(seed)
     k_shared, k_private = split_steps(steps, t0, shared.T)
-    x_t0 = shared_sample(shared, y, t0, shared_mode, k_shared, g)
+    x_t0 = shared_sample(shared, y, t0, shared_mode, k_shared, g, handover, clip)
     flag = torch.full((len(y),), UNCLIPPED)
     return private.sample(len(y), y, flag, t_start=t0, t_end=0, x_start=x_t0, steps=k_private, generator=g)
 
@@ -132,7 +132,8 @@ def handle_sample(msg: Message, ctx: ClientContext) -> RecordDict:
     shared.load_state_dict(msg.content.array_records[P.SHARED_KEY].to_torch_state_dict())
     private = _private_model(ctx, t0)
     y = balanced_labels(o.samples, shard.info.num_classes)
-    x = personalised_sample(shared.eval(), private, y, t0, o.sample_steps, ctx.seed_for(3), o.shared)
+    x = personalised_sample(shared.eval(), private, y, t0, o.sample_steps, ctx.seed_for(3), o.shared,
+                            o.handover, o.clip)
     x_alone = private_only_sample(_reference_model(ctx, private, t0), y, o.sample_steps, ctx.seed_for(3))
     return RecordDict({P.SAMPLES_KEY: ArrayRecord({P.X: x, P.Y: y, P.PRIVATE_ONLY: x_alone})})
 

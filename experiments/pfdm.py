@@ -54,7 +54,7 @@ KEEP = KID_KEYS + ("majority_distance", "minority_distance", "mean_distance", "s
         "private_only_mean_distance", "private_only_sample_accuracy", "reference_accuracy", "reader_unreliable",
         "per_client",
         "dp_epsilon", "dp_noise_multiplier_max", "t0_kid", "t0_kid_std", "t0_kid_reference", "t0_kid_reference_std",
-        "t0_energy_ratio", "t0_energy_ratio_reference",
+        "t0_energy_ratio", "t0_energy_ratio_reference", "t0_handover_ok",
         "private_only_per_client")
 
 
@@ -193,14 +193,14 @@ def print_table(rows: list[dict], verdict: dict[str, Any] | None = None, paired:
         lines += [f"| {q['method']} - {q['against']} | " + " | ".join(paired_text(q[k], 3) for k in PAIRED_KEYS) + " |"
                   for q in paired]
     lines += ["", "| z_w's hand-over at t0 | seeds | t0 | KID | KID, held-out reference | energy ratio "
-                  "| energy ratio, reference |",
-              "|---|---|---|---|---|---|---|"]
+                  "| energy ratio, reference | passes (share of seeds) |",
+              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
         if r.get("t0_kid") is not None:
             lines.append(f"| {r['method']} (N={r['clients']}) | {len(r['seeds'])} | {r.get('t0')} | "
                          f"{cell(r, 't0_kid')} | "
                          f"{cell(r, 't0_kid_reference')} | {cell(r, 't0_energy_ratio')} | "
-                         f"{cell(r, 't0_energy_ratio_reference')} |")
+                         f"{cell(r, 't0_energy_ratio_reference')} | {cell(r, 't0_handover_ok')} |")
     text = "\n".join(lines)
     print(text)
     return text

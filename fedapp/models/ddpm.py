@@ -13,9 +13,13 @@ model t0 -> 0 (`sample(..., t_start=t0, x_start=...)`).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
 from torch.nn import functional as F
+
+from fedapp.privacy import clip_norm
 
 from .nets import small_unet2d
 
@@ -94,9 +98,12 @@ class DDPM(nn.Module):
     @torch.no_grad()
     def sample(self, n: int, y=None, flag=None, t_start: int = 1000, t_end: int = 0,
                x_start: torch.Tensor | None = None, steps: int | None = None, generator: torch.Generator | None = None,
-               clip_x0: bool = True) -> torch.Tensor:
+               clip_x0: bool = True, x0_bound: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
         """x_{t_end} from x_{t_start} (default N(0, I) at t_start = T). steps=None: ancestral DDPM through
-        every level; steps=k: deterministic DDIM over k evenly spaced levels. clip_x0 clamps x0_hat to [-1, 1]."""
+        every level; steps=k: deterministic DDIM over k evenly spaced levels. clip_x0 clamps x0_hat to [-1, 1].
+        x0_bound maps x0_hat into the data's known range (e.g. a norm ball); DDIM then re-derives eps from the
+        bounded x0_hat (GLIDE's convention, diffusers' DDIMScheduler `use_clipped_model_output`), so that a
+        wild eps prediction cannot carry its energy into x_s."""
         if not 0 <= t_end < t_start <= self.T:
             raise ValueError(f"t_start={t_start}, t_end={t_end}: need 0 <= t_end < t_start <= {self.T}")
         device = self.abar.device
@@ -112,6 +119,9 @@ class DDPM(nn.Module):
             x0 = (x - (1 - a_t).sqrt() * eps) / a_t.sqrt()
             if clip_x0:
                 x0 = x0.clamp(-1, 1)
+            if x0_bound is not None:
+                x0 = x0_bound(x0)
+                eps = (x - a_t.sqrt() * x0) / (1 - a_t).sqrt()
             if steps is not None:  # DDIM, eta = 0
                 x = a_s.sqrt() * x0 + (1 - a_s).sqrt() * eps
                 continue
@@ -147,13 +157,44 @@ def shared_objective(mode: str, t0: int, T: int) -> tuple[tuple[int, int], int |
     return ((t0, T), t0) if mode == "relative" else ((0, T), None)
 
 
-def shared_sample(shared, y: torch.Tensor, t0: int, mode: str, steps: int, generator: torch.Generator) -> torch.Tensor:
+HANDOVERS = ("ddim", "bounded", "ancestral")  # pfdm.handover: how z_w's leg T -> t0 is sampled
+
+
+def handover_bound(mode: str, t0: int, clip: float, abar_t0: float, dims: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The range z_w's x0 estimate is known to lie in, as a projection onto an L2 ball per sample. relative:
+    x0 is a clipped image, |x0| <= C. algorithm2: x0 is an upload x~ = sqrt(a) CLIP(x) + sqrt(1 - a) z (a =
+    abar_t0, d pixels), |x~|^2 = a|c|^2 + (1 - a)|z|^2 + 2 sqrt(a(1 - a)) c.z: at |c| = C its mean
+    a C^2 + (1 - a) d plus 6 of its standard deviations sqrt(2 d (1 - a)^2 + 4 a (1 - a) C^2) (chi-square's
+    right tail: 1 in 4,000 real uploads lies beyond 4.4 of them at d = 192; a bound must not clip real data)."""
+    if mode == "relative":
+        radius = clip
+    else:
+        a = abar_t0
+        radius = (a * clip ** 2 + (1 - a) * dims
+                  + 6 * (2 * dims * (1 - a) ** 2 + 4 * a * (1 - a) * clip ** 2) ** 0.5) ** 0.5
+    return lambda x0: clip_norm(x0, radius)
+
+
+def shared_sample(shared, y: torch.Tensor, t0: int, mode: str, steps: int, generator: torch.Generator,
+                  handover: str = "ddim", clip: float = 10.0) -> torch.Tensor:
     """An x_t0 from z_w (a DDPM), run from T down to the lowest level it learnt (shared_objective): t0 in
     relative mode; 0 in algorithm2 mode, whose data are the uploads x~, so its output already is at level
-    t0 (and its x0 estimate is not clamped to [-1, 1], which x~ is not confined to)."""
+    t0 (and its x0 estimate is not clamped to [-1, 1], which x~ is not confined to).
+    handover (pfdm.handover): ddim = deterministic DDIM over `steps` levels with the raw eps (the tables
+    before issue 27); bounded = the same with the x0 estimate projected onto the range the data are known to
+    lie in (handover_bound) and eps re-derived from it; ancestral = bounded, sampled ancestrally through
+    every level (`steps` unused): with an exact denoiser, strided DDIM loses energy where the data are
+    near-isotropic (algorithm2's uploads: a level-0 energy ratio of 0.84 at 20 steps, 0.99 at 200, 1.00
+    ancestrally; tests/test_pfdm_handover.py), at a cost of one UNet call per level."""
+    if handover not in HANDOVERS:
+        raise ValueError(f"pfdm.handover={handover!r}: must be one of {', '.join(HANDOVERS)}")
     (lowest, _), _ = shared_objective(mode, t0, shared.T)
-    return shared.sample(len(y), y, t_start=shared.T, t_end=lowest, steps=steps, generator=generator,
-                         clip_x0=mode == "relative")
+    bound = None
+    if handover != "ddim":
+        dims = shared.channels * shared.image_size ** 2
+        bound = handover_bound(mode, t0, clip, float(shared.abar[t0]), dims)
+    return shared.sample(len(y), y, t_start=shared.T, t_end=lowest, steps=None if handover == "ancestral" else steps,
+                         generator=generator, clip_x0=mode == "relative", x0_bound=bound)
 
 
 def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag: torch.Tensor | None = None, *,
