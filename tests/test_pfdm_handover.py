@@ -94,13 +94,13 @@ def test_the_bounds_hold_the_data_they_claim():
     a0 = float(linear_abar()[t0])
     x = torch.rand(4000, 3, 8, 8, generator=g) * 2 - 1  # |x| ~ 8 < C = 10 for most, some clipped below
     # relative: z_w's x0 is a clipped image: the ball of radius C, which leaves clipped images unchanged
-    rel = handover_bound("relative", t0, CLIP, a0, d)
+    rel = handover_bound("relative", CLIP, a0, d)
     assert torch.equal(rel(clip_norm(x, CLIP)), clip_norm(x, CLIP))
     assert torch.allclose(rel(5 * x).flatten(1).norm(dim=1), torch.full((4000,), CLIP))
     # algorithm2: z_w's x0 is an upload: every real upload lies inside, and the radius is within 10 % of the
     # largest of 4,000 (measured: 17.5 against 16.6)
     up = privatize(x * 2, CLIP, t0, g)  # |x| ~ 16 > C: every image clipped to norm C, the largest uploads
-    alg = handover_bound("algorithm2", t0, CLIP, a0, d)
+    alg = handover_bound("algorithm2", CLIP, a0, d)
     assert torch.equal(alg(up), up)
     radius = float(alg(100 * up).flatten(1).norm(dim=1).mean())
     assert radius < 1.1 * float(up.flatten(1).norm(dim=1).max())

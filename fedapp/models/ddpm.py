@@ -160,7 +160,8 @@ def shared_objective(mode: str, t0: int, T: int) -> tuple[tuple[int, int], int |
 HANDOVERS = ("ddim", "bounded", "ancestral")  # pfdm.handover: how z_w's leg T -> t0 is sampled
 
 
-def handover_bound(mode: str, t0: int, clip: float, abar_t0: float, dims: int) -> Callable[[torch.Tensor], torch.Tensor]:
+def handover_bound(mode: str, clip: float, abar_t0: float,
+                   dims: int) -> Callable[[torch.Tensor], torch.Tensor]:
     """The range z_w's x0 estimate is known to lie in, as a projection onto an L2 ball per sample. relative:
     x0 is a clipped image, |x0| <= C. algorithm2: x0 is an upload x~ = sqrt(a) CLIP(x) + sqrt(1 - a) z (a =
     abar_t0, d pixels), |x~|^2 = a|c|^2 + (1 - a)|z|^2 + 2 sqrt(a(1 - a)) c.z: at |c| = C its mean
@@ -192,7 +193,7 @@ def shared_sample(shared, y: torch.Tensor, t0: int, mode: str, steps: int, gener
     bound = None
     if handover != "ddim":
         dims = shared.channels * shared.image_size ** 2
-        bound = handover_bound(mode, t0, clip, float(shared.abar[t0]), dims)
+        bound = handover_bound(mode, clip, float(shared.abar[t0]), dims)
     return shared.sample(len(y), y, t_start=shared.T, t_end=lowest, steps=None if handover == "ancestral" else steps,
                          generator=generator, clip_x0=mode == "relative", x0_bound=bound)
 
