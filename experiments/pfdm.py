@@ -38,6 +38,10 @@ TABLE_METHODS = ("centralized-ddpm", "fedavg-ddpm", "local-only", "dpdm", "pfdm"
 # Ablation rows (--methods): pfdm with one of its documented choices switched, each against the pfdm row
 VARIANTS = {"pfdm-algorithm2": {"method": "pfdm", "pfdm.shared": "algorithm2"},
             "pfdm-private-all": {"method": "pfdm", "pfdm.private-levels": "all"}}
+# A positive control for the attacks (issue 27 item 4): a deliberately memorising, non-private model, so
+# that "membership inference at chance" on the released models is evidence and not an attack without power:
+# centralized-ddpm on 3 images per class per client, 4,000 steps (~1,300 epochs at batch 64 on 4 x ~24 images).
+CONTROLS = {"memorising-ddpm": {"method": "centralized-ddpm", "partitioner.per-class": 3, "pfdm.shared-steps": 4000}}
 PAPER = {  # C-MNIST, client 0, FID (majority / minority / mean) and MIA on the global model (%)
     "centralized-ddpm": (1.85, 1.45, 1.66), "fedavg-ddpm": (1.89, 1.51, 1.70),
     "local-only": (2.19, 5.99, 4.09), "pfdm": (1.72, 4.79, 3.26),
@@ -64,14 +68,16 @@ PAIRED_KEYS = ("mean_distance", "minority_kid")  # client 0's figures of the pai
 
 
 def config(args, method: str, seed: int, epsilon: float | None = None) -> dict:
-    """The run config of a table row at ε (default --epsilon): a method, or a VARIANTS row (pfdm with one
-    option switched), then --set; the oracle's pfdm.shared-steps is oracle_steps(args), whatever --set says."""
-    flat = {"method": method, **VARIANTS.get(method, {}), "dataset": args.dataset, "partitioner": "minority",
+    """The run config of a table row at ε (default --epsilon): a method, a VARIANTS row (pfdm with one
+    option switched) or a CONTROLS row, then --set; the oracle's pfdm.shared-steps is oracle_steps(args),
+    whatever --set says."""
+    flat = {"method": method, "dataset": args.dataset, "partitioner": "minority",
             "partitioner.per-class": 0, "image-size": args.image_size,
             "seed": seed, "out-dir": args.runs, "min-clients": 2, "num-server-rounds": args.rounds,
             "pfdm.local-steps": args.steps, "pfdm.shared-steps": args.steps, "pfdm.samples": args.samples,
             "pfdm.sample-steps": args.sample_steps, "pfdm.attack-samples": args.attack_samples,
             "pfdm.channels": args.channels, "pfdm.epsilon": args.epsilon,
+            **VARIANTS.get(method, {}), **CONTROLS.get(method, {}),
             **eps_config(args.epsilon if epsilon is None else epsilon), **parse_set(args.set)}
     if method == ORACLE:
         flat["pfdm.shared-steps"] = oracle_steps(args)
@@ -351,7 +357,8 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--image-size", type=int, default=8)
     ap.add_argument("--seeds", default="0", help="comma-separated run seeds: every run once per seed")
     ap.add_argument("--methods", default=",".join(TABLE_METHODS),
-                    help=f"table rows: methods, or the ablation rows {', '.join(VARIANTS)}")
+                    help=f"table rows: methods, the ablation rows {', '.join(VARIANTS)} or the attacks' positive "
+                         f"control {', '.join(CONTROLS)}")
     ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="run-config overrides for every run")
     ap.add_argument("--runs", default="runs/pfdm-experiment", help="folder of the runs' own folders")
     ap.add_argument("--out", default="docs/results", help="folder for pfdm[_<dataset>].json, its grids and plots")
@@ -397,7 +404,7 @@ def main(argv: list[str]) -> None:
         here = eps_key(args.epsilon)
         result["verdict"] = table_verdict(by_cell.get((ORACLE, args.clients, here), []))
         result["paired"] = paired_rows(by_cell, args.clients, here)
-        order = list(TABLE_METHODS) + list(VARIANTS)
+        order = list(TABLE_METHODS) + list(VARIANTS) + list(CONTROLS)
         result["table"] = [means[m, args.clients, here] for m in order if (m, args.clients, here) in means]
         result["eps_curve"] = sorted((c for (m, n, _), c in means.items() if m == "pfdm" and n == args.clients),
                                      key=lambda c: float(c["epsilon"]))

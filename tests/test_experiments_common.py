@@ -183,6 +183,21 @@ def test_pfdm_oracle_trains_at_least_as_many_steps_as_any_federated_row():
     assert config(more, "pfdm", 0)["pfdm.shared-steps"] == 10
 
 
+def test_the_attacks_positive_control_memorises_by_construction_and_leaves_the_oracle_budget_alone():
+    """memorising-ddpm: the oracle method on a few images per class for many steps, no privacy; it is not a
+    federated row, so the oracle's budget (the largest federated total) does not grow with it."""
+    from experiments.pfdm import CONTROLS, config, denoiser_compute, oracle_steps, parser
+
+    args = parser().parse_args([])
+    ctl = config(args, "memorising-ddpm", 0)
+    assert ctl["method"] == "centralized-ddpm" and ctl["partitioner.per-class"] == 3
+    assert ctl["pfdm.shared-steps"] == 4000 >= 10 * args.steps
+    assert denoiser_compute(ctl, args.clients)["steps"] == 4000
+    assert oracle_steps(args) == 2000 and set(CONTROLS) == {"memorising-ddpm"}
+    fewer = parser().parse_args(["--set", "pfdm.shared-steps=50"])  # --set still has the last word
+    assert config(fewer, "memorising-ddpm", 0)["pfdm.shared-steps"] == 50
+
+
 @pytest.mark.usefixtures("inside_a_run", "one_torch_thread")
 def test_pfdm_rows_run_in_process_by_default_and_the_oracle_gets_its_budget(tmp_path):
     from experiments.common import run
