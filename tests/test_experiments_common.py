@@ -183,6 +183,33 @@ def test_pfdm_oracle_trains_at_least_as_many_steps_as_any_federated_row():
     assert config(more, "pfdm", 0)["pfdm.shared-steps"] == 10
 
 
+def test_pfdm_budget_is_the_first_checkpoint_where_every_seed_reads_90_percent():
+    from experiments.pfdm_budget import budget
+
+    def seed(accs, reader=0.98):
+        return {"reader_accuracy": reader, "points": [{"steps": s, "sample_accuracy": a}
+                                                      for s, a in zip((500, 1000, 2000), accs)]}
+
+    assert budget({"0": seed([0.5, 0.92, 0.95]), "1": seed([0.6, 0.88, 0.91])}) == {"steps": 2000,
+                                                                                     "readers_reliable": True}
+    assert budget({"0": seed([0.5, 0.92, 0.95]), "1": seed([0.6, 0.88, 0.89], reader=0.96)}) == {
+        "steps": None, "readers_reliable": False}
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_pfdm_budget_sweep_trains_in_legs_and_reads_each_checkpoint(tmp_path):
+    from experiments.pfdm_budget import main
+
+    main(["--dataset", "colored-digits", "--image-size", "8", "--steps", "3,6", "--samples", "20",
+          "--sample-steps", "2", "--ref-epochs", "1", "--seeds", "0", "--batch", "16", "--out", str(tmp_path)])
+    out = json.loads((tmp_path / "pfdm_budget_colored-digits_8px.json").read_text())
+    pts = out["seeds"]["0"]["points"]
+    assert [q["steps"] for q in pts] == [3, 6] and all(0 <= q["sample_accuracy"] <= 1 for q in pts)
+    assert pts[1]["train_seconds"] >= pts[0]["train_seconds"] > 0  # cumulative: the second leg adds 3 steps
+    assert 0 < out["seeds"]["0"]["reader_accuracy"] <= 1 and out["budget"]["steps"] is None  # 6 steps learn nothing
+    assert (tmp_path / "pfdm_budget_colored-digits_8px.png").stat().st_size > 0
+
+
 def test_the_attacks_positive_control_memorises_by_construction_and_leaves_the_oracle_budget_alone():
     """memorising-ddpm: the oracle method on a few images per class for many steps, no privacy; it is not a
     federated row, so the oracle's budget (the largest federated total) does not grow with it."""

@@ -1,0 +1,140 @@
+"""`python -m experiments pfdm-budget`: the denoiser budget at which PFDM's table is read (issue 27 item 1).
+
+centralized-ddpm, the table's oracle, on the table's data (experiments/pfdm.py's config: colored-mnist, the
+minority partitioner, 4 clients, every client's shard pooled), trained in legs to each of --steps (Adam
+restarts at each leg; the minibatch draws continue from a fresh seed); at each checkpoint its class-balanced
+samples (--samples, DDIM --sample-steps) are read by the table's reference classifier
+(strategies.generation_eval: fedapp.readers' SmallCNN, width 16, --ref-epochs). A checkpoint converges when
+its samples are read as the requested class >= 90 % (experiments.common.generative_verdict); the budget is
+the first checkpoint at which every seed does, and counts only if the reader reads >= 97 % of held-out real
+test images. Writes <out>/pfdm_budget_<dataset>_<size>px.json and .png.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from experiments.common import check_cpu_budget, generative_verdict, prog, quiet_logs
+from fedapp.results import atomic_write_json
+
+
+def pooled_data(flat: dict[str, Any], clients: int):
+    """The oracle's training set (every client's shard: centralized-ddpm's data) and the server's split."""
+    from fedapp.config import parse_run_config
+    from fedapp.data import all_client_shards, server_data
+
+    cfg = parse_run_config(flat)
+    shards = all_client_shards(cfg, clients)
+    return (torch.cat([s.train.x for s in shards]), torch.cat([s.train.y for s in shards]),
+            server_data(cfg, clients), cfg)
+
+
+def sweep_seed(a, seed: int, steps: list[int]) -> dict[str, Any]:
+    """One seed's curve: sample accuracy (and the last 10 % of each leg's loss) at every checkpoint."""
+    from experiments.pfdm import config, parser
+    from fedapp.models.classifier import accuracy
+    from fedapp.models.ddpm import build_ddpm, train_ddpm
+    from fedapp.readers import server_reader
+    from strategies.generation_eval import sample_model
+
+    table_args = parser().parse_args(["--dataset", a.dataset, "--image-size", str(a.image_size),
+                                      "--channels", a.channels, "--clients", str(a.clients)])
+    x, y, server, cfg = pooled_data(config(table_args, "centralized-ddpm", seed), a.clients)
+    reader = server_reader(server, seed, epochs=a.ref_epochs, width=16)
+    torch.manual_seed(seed)
+    model = build_ddpm(a.image_size, server.info.num_classes, channels=a.channels)
+    points, done, t_train = [], 0, 0.0
+    for target in steps:
+        t = time.time()
+        loss = train_ddpm(model, x, y, steps=target - done, batch=a.batch, lr=a.lr, seed=seed * 100_003 + target)
+        t_train += time.time() - t
+        done = target
+        model.eval()
+        gen, gy = sample_model(model, a.samples, server.info.num_classes, a.sample_steps, seed + 1)
+        acc = accuracy(reader.model, gen, gy)
+        points.append({"steps": target, "sample_accuracy": acc, "loss": loss, "train_seconds": round(t_train, 1)})
+        print(f"seed {seed} {target:6d} steps: samples read as requested {100 * acc:5.1f}% (loss {loss:.4f}, "
+              f"{t_train:.0f} s of training)", flush=True)
+    return {"train_images": len(x), "reader_accuracy": reader.held_out_accuracy, "points": points}
+
+
+def budget(seeds: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The first checkpoint at which every seed's samples are read >= 90 % (None: none), and whether the
+    readers behind it read >= 97 % of the real test images."""
+    curves = [s["points"] for s in seeds.values()]
+    reader_ok = all(s["reader_accuracy"] >= 0.97 for s in seeds.values())
+    for i in range(min(map(len, curves))):
+        if all(generative_verdict(c[i]["sample_accuracy"])["converged"] for c in curves):
+            return {"steps": curves[0][i]["steps"], "readers_reliable": reader_ok}
+    return {"steps": None, "readers_reliable": reader_ok}
+
+
+def plot(result: dict[str, Any], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    for seed, s in result["seeds"].items():
+        ax.plot([p["steps"] for p in s["points"]], [100 * p["sample_accuracy"] for p in s["points"]], "o-",
+                label=f"seed {seed} (reader {100 * s['reader_accuracy']:.1f}%)")
+    ax.axhline(90, color="gray", ls="--", lw=1)
+    ax.set_xscale("log")
+    ax.set_xlabel("centralized-ddpm training steps")
+    ax.set_ylabel("samples read as requested (%)")
+    st = result["setup"]
+    ax.set_title(f"{st['dataset']} {st['image_size']} px, width {st['channels']}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> None:
+    p = argparse.ArgumentParser(prog=prog("pfdm-budget"), description=__doc__.split("\n")[0])
+    p.add_argument("--dataset", default="colored-mnist")
+    p.add_argument("--image-size", type=int, default=16)
+    p.add_argument("--clients", type=int, default=4)
+    p.add_argument("--steps", default="500,1000,2000,4000,8000", help="checkpoints (cumulative training steps)")
+    p.add_argument("--channels", default="16,32")
+    p.add_argument("--batch", type=int, default=64)
+    p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--samples", type=int, default=400)
+    p.add_argument("--sample-steps", type=int, default=40)
+    p.add_argument("--ref-epochs", type=int, default=8)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default="docs/results")
+    a = p.parse_args(argv)
+    steps = sorted({int(s) for s in a.steps.split(",") if s})
+    if not steps or steps[0] < 1:
+        raise SystemExit(f"--steps={a.steps!r}: must be positive step counts, e.g. 500,1000,2000")
+    check_cpu_budget(1, a.threads)
+    torch.set_num_threads(a.threads)
+    quiet_logs()
+    out = Path(a.out)
+    path = out / f"pfdm_budget_{a.dataset}_{a.image_size}px.json"
+    setup = {k: v for k, v in vars(a).items() if k not in ("seeds", "threads", "out")}
+    old = json.loads(path.read_text()) if path.exists() else {}
+    result = {"setup": setup, "seeds": old.get("seeds", {}) if old.get("setup") == setup else {}}
+    for seed in (int(s) for s in a.seeds.split(",") if s):
+        if str(seed) not in result["seeds"]:  # resume: a seed measured under the same setup is kept
+            result["seeds"][str(seed)] = sweep_seed(a, seed, steps)
+            result["budget"] = budget(result["seeds"])
+            atomic_write_json(path, result)
+    result["budget"] = budget(result["seeds"])
+    result["mean_sample_accuracy"] = {str(st): float(np.mean([s["points"][i]["sample_accuracy"]
+                                                              for s in result["seeds"].values()]))
+                                      for i, st in enumerate(steps)}
+    atomic_write_json(path, result)
+    plot(result, path.with_suffix(".png"))
+    print(f"budget: {result['budget']}")
