@@ -68,6 +68,11 @@ METHODS = {
     "feddifrc-client-pca": ("FedDifRC, PCA per client", {"method": "feddifrc", "feddifrc.pca-fit": "client"}),
     "feddifrc-tau0.5": ("FedDifRC, tau 0.5", {"method": "feddifrc", "feddifrc.tau": 0.5}),
     "feddifrc-dynamic": ("FedDifRC, dynamic condition", {"method": "feddifrc", "feddifrc.dynamic-condition": 0.5}),
+    # issue 26 item 3: the remaining differences from the paper and the official code, one row each
+    "feddifrc-t261": ("FedDifRC, t 261 (official code)", {"method": "feddifrc", "feddifrc.t": 261}),
+    "feddifrc-lambda0.1": ("FedDifRC, both weights 0.1", {"method": "feddifrc", "feddifrc.lambda-tdcl": 0.1,
+                                                         "feddifrc.lambda-ndcr": 0.1}),
+    "feddifrc-blocks12": ("FedDifRC, up-blocks 1,2 only", {"method": "feddifrc", "feddifrc.up-blocks": "1,2"}),
 }
 DEFAULT_METHODS = ("fedavg", "fedprox", "moon", "tdcl", "ndcr", "feddifrc")
 DEFAULT_SPLITS = ("a0.05", "a0.1", "a0.5", "path")  # issue 26: alpha 0.05, 0.1, 0.5 and 2 classes per client
