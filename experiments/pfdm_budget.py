@@ -78,6 +78,7 @@ def budget(seeds: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
+    import matplotlib.ticker
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -88,6 +89,9 @@ def plot(result: dict[str, Any], path: Path) -> None:
                 label=f"seed {seed} (reader {100 * s['reader_accuracy']:.1f}%)")
     ax.axhline(90, color="gray", ls="--", lw=1)
     ax.set_xscale("log")
+    ax.set_xticks([q["steps"] for q in next(iter(result["seeds"].values()))["points"]])
+    ax.xaxis.set_major_formatter(matplotlib.ticker.ScalarFormatter())
+    ax.minorticks_off()
     ax.set_xlabel("centralized-ddpm training steps")
     ax.set_ylabel("samples read as requested (%)")
     st = result["setup"]
