@@ -53,27 +53,39 @@ def sweep_seed(a, seed: int, steps: list[int]) -> dict[str, Any]:
     points, done, t_train = [], 0, 0.0
     for target in steps:
         t = time.time()
-        loss = train_ddpm(model, x, y, steps=target - done, batch=a.batch, lr=a.lr, seed=seed * 100_003 + target)
+        loss = train_ddpm(model, x, y, steps=target - done, batch=a.batch, lr=a.lr, seed=seed * 100_003 + target,
+                          p_uncond=a.p_uncond)
         t_train += time.time() - t
         done = target
         model.eval()
-        gen, gy = sample_model(model, a.samples, server.info.num_classes, a.sample_steps, seed + 1)
-        acc = accuracy(reader.model, gen, gy)
-        points.append({"steps": target, "sample_accuracy": acc, "loss": loss, "train_seconds": round(t_train, 1)})
-        print(f"seed {seed} {target:6d} steps: samples read as requested {100 * acc:5.1f}% (loss {loss:.4f}, "
+        by_w = {}
+        for w in guidances(a):
+            gen, gy = sample_model(model, a.samples, server.info.num_classes, a.sample_steps, seed + 1, w)
+            by_w[str(w)] = accuracy(reader.model, gen, gy)
+        best = max(by_w, key=by_w.get)
+        points.append({"steps": target, "sample_accuracy": by_w[best], "guidance": float(best),
+                       "sample_accuracy_by_guidance": by_w, "loss": loss, "train_seconds": round(t_train, 1)})
+        read = ", ".join(f"w={w}: {100 * v:.1f}%" for w, v in by_w.items())
+        print(f"seed {seed} {target:6d} steps: samples read as requested {read} (loss {loss:.4f}, "
               f"{t_train:.0f} s of training)", flush=True)
     return {"train_images": len(x), "reader_accuracy": reader.held_out_accuracy, "points": points}
 
 
+def guidances(a) -> list[float]:
+    return [float(w) for w in a.guidance.split(",") if w]
+
+
 def budget(seeds: dict[str, dict[str, Any]]) -> dict[str, Any]:
-    """The first checkpoint at which every seed's samples are read >= 90 % (None: none), and whether the
-    readers behind it read >= 97 % of the real test images."""
+    """The first checkpoint at which, at one guidance scale, every seed's samples are read >= 90 % (None:
+    none), with that scale, and whether the readers behind it read >= 97 % of the real test images."""
     curves = [s["points"] for s in seeds.values()]
     reader_ok = all(s["reader_accuracy"] >= 0.97 for s in seeds.values())
     for i in range(min(map(len, curves))):
-        if all(generative_verdict(c[i]["sample_accuracy"])["converged"] for c in curves):
-            return {"steps": curves[0][i]["steps"], "readers_reliable": reader_ok}
-    return {"steps": None, "readers_reliable": reader_ok}
+        by_w = [c[i].get("sample_accuracy_by_guidance", {"1.0": c[i]["sample_accuracy"]}) for c in curves]
+        for w in by_w[0]:
+            if all(generative_verdict(b.get(w))["converged"] for b in by_w):
+                return {"steps": curves[0][i]["steps"], "guidance": float(w), "readers_reliable": reader_ok}
+    return {"steps": None, "guidance": None, "readers_reliable": reader_ok}
 
 
 def plot(result: dict[str, Any], path: Path) -> None:
@@ -85,8 +97,10 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(5, 3.4))
     for seed, s in result["seeds"].items():
-        ax.plot([p["steps"] for p in s["points"]], [100 * p["sample_accuracy"] for p in s["points"]], "o-",
-                label=f"seed {seed} (reader {100 * s['reader_accuracy']:.1f}%)")
+        for w in s["points"][0].get("sample_accuracy_by_guidance", {"1.0": None}):
+            acc = [p.get("sample_accuracy_by_guidance", {w: p["sample_accuracy"]})[w] for p in s["points"]]
+            ax.plot([p["steps"] for p in s["points"]], [100 * v for v in acc], "o-",
+                    label=f"seed {seed}, guidance {w} (reader {100 * s['reader_accuracy']:.1f}%)")
     ax.axhline(90, color="gray", ls="--", lw=1)
     ax.set_xscale("log")
     ax.set_xticks([q["steps"] for q in next(iter(result["seeds"].values()))["points"]])
@@ -95,7 +109,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_xlabel("centralized-ddpm training steps")
     ax.set_ylabel("samples read as requested (%)")
     st = result["setup"]
-    ax.set_title(f"{st['dataset']} {st['image_size']} px, width {st['channels']}", fontsize=9)
+    ax.set_title(f"{st['dataset']} {st['image_size']} px, width {st['channels']}, "
+                 f"label dropout {st.get('p_uncond', 0.0)}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
@@ -112,6 +127,9 @@ def main(argv: list[str]) -> None:
     p.add_argument("--channels", default="16,32")
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=2e-3)
+    p.add_argument("--p-uncond", type=float, default=0.0,
+                   help="label dropout for classifier-free guidance (0: none, the tables so far)")
+    p.add_argument("--guidance", default="1", help="guidance scales to read at each checkpoint, e.g. 1,2,3")
     p.add_argument("--samples", type=int, default=400)
     p.add_argument("--sample-steps", type=int, default=40)
     p.add_argument("--ref-epochs", type=int, default=8)
@@ -128,6 +146,9 @@ def main(argv: list[str]) -> None:
     out = Path(a.out)
     path = out / f"pfdm_budget_{a.dataset}_{a.image_size}px.json"
     setup = {k: v for k, v in vars(a).items() if k not in ("seeds", "threads", "out")}
+    for key, default in (("p_uncond", 0.0), ("guidance", "1")):  # added later: kept out at their defaults,
+        if setup[key] == default:  # so that sweeps measured before them still resume
+            del setup[key]
     old = json.loads(path.read_text()) if path.exists() else {}
     result = {"setup": setup, "seeds": old.get("seeds", {}) if old.get("setup") == setup else {}}
     for seed in (int(s) for s in a.seeds.split(",") if s):
@@ -138,7 +159,7 @@ def main(argv: list[str]) -> None:
     result["budget"] = budget(result["seeds"])
     result["mean_sample_accuracy"] = {str(st): float(np.mean([s["points"][i]["sample_accuracy"]
                                                               for s in result["seeds"].values()]))
-                                      for i, st in enumerate(steps)}
+                                      for i, st in enumerate(steps)}  # at each seed's best scale
     atomic_write_json(path, result)
     plot(result, path.with_suffix(".png"))
     print(f"budget: {result['budget']}")

@@ -53,10 +53,10 @@ def memorisation(generated: torch.Tensor, train: torch.Tensor) -> dict[str, floa
             "nn_distance": float(two[:, 0].mean())}
 
 
-def sample_model(model: DDPM, n: int, num_classes: int, steps: int, seed: int):
-    """Class-balanced samples of a (non-private) model over T -> 0."""
+def sample_model(model: DDPM, n: int, num_classes: int, steps: int, seed: int, guidance: float = 1.0):
+    """Class-balanced samples of a (non-private) model over T -> 0 (guidance: classifier-free scale)."""
     y = torch.arange(n) % num_classes
-    return model.sample(n, y, steps=steps, generator=torch.Generator().manual_seed(seed)), y
+    return model.sample(n, y, steps=steps, generator=torch.Generator().manual_seed(seed), guidance=guidance), y
 
 
 class GenerationEval:

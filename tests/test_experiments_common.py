@@ -190,10 +190,16 @@ def test_pfdm_budget_is_the_first_checkpoint_where_every_seed_reads_90_percent()
         return {"reader_accuracy": reader, "points": [{"steps": s, "sample_accuracy": a}
                                                       for s, a in zip((500, 1000, 2000), accs)]}
 
-    assert budget({"0": seed([0.5, 0.92, 0.95]), "1": seed([0.6, 0.88, 0.91])}) == {"steps": 2000,
-                                                                                     "readers_reliable": True}
+    assert budget({"0": seed([0.5, 0.92, 0.95]), "1": seed([0.6, 0.88, 0.91])}) == {
+        "steps": 2000, "guidance": 1.0, "readers_reliable": True}
     assert budget({"0": seed([0.5, 0.92, 0.95]), "1": seed([0.6, 0.88, 0.89], reader=0.96)}) == {
-        "steps": None, "readers_reliable": False}
+        "steps": None, "guidance": None, "readers_reliable": False}
+    # several guidance scales: the first checkpoint where one scale converges on every seed
+    both = {str(k): {"reader_accuracy": 0.98, "points": [
+        {"steps": 500, "sample_accuracy": 0.8, "sample_accuracy_by_guidance": {"1.0": 0.6, "3.0": 0.8}},
+        {"steps": 1000, "sample_accuracy": 0.95, "sample_accuracy_by_guidance": {"1.0": 0.7, "3.0": 0.9 + k / 100}}]}
+        for k in range(2)}
+    assert budget(both) == {"steps": 1000, "guidance": 3.0, "readers_reliable": True}
 
 
 @pytest.mark.usefixtures("one_torch_thread")
@@ -201,10 +207,14 @@ def test_pfdm_budget_sweep_trains_in_legs_and_reads_each_checkpoint(tmp_path):
     from experiments.pfdm_budget import main
 
     main(["--dataset", "colored-digits", "--image-size", "8", "--steps", "3,6", "--samples", "20",
-          "--sample-steps", "2", "--ref-epochs", "1", "--seeds", "0", "--batch", "16", "--out", str(tmp_path)])
+          "--sample-steps", "2", "--ref-epochs", "1", "--seeds", "0", "--batch", "16", "--out", str(tmp_path),
+          "--p-uncond", "0.2", "--guidance", "1,3"])
     out = json.loads((tmp_path / "pfdm_budget_colored-digits_8px.json").read_text())
     pts = out["seeds"]["0"]["points"]
-    assert [q["steps"] for q in pts] == [3, 6] and all(0 <= q["sample_accuracy"] <= 1 for q in pts)
+    assert [q["steps"] for q in pts] == [3, 6] and out["setup"]["p_uncond"] == 0.2
+    for q in pts:  # each checkpoint read at both scales; the headline is the better one
+        assert set(q["sample_accuracy_by_guidance"]) == {"1.0", "3.0"}
+        assert q["sample_accuracy"] == max(q["sample_accuracy_by_guidance"].values())
     assert pts[1]["train_seconds"] >= pts[0]["train_seconds"] > 0  # cumulative: the second leg adds 3 steps
     assert 0 < out["seeds"]["0"]["reader_accuracy"] <= 1 and out["budget"]["steps"] is None  # 6 steps learn nothing
     assert (tmp_path / "pfdm_budget_colored-digits_8px.png").stat().st_size > 0

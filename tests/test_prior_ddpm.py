@@ -102,3 +102,38 @@ def test_ancestral_sampler_is_diffusers_ddpm_scheduler_step_for_step(clip_x0):
     # diffusers recomputes beta_t as 1 - abar_t / abar_{t-1} in float32, which loses ~1e-3 of a beta of 1e-4
     # to cancellation; DDPM uses the betas themselves: 2e-4 / 5e-4 apart after 30 steps (values up to 2.7)
     assert torch.allclose(ours, x, rtol=1e-3, atol=1e-3), (ours - x).abs().max()
+
+
+def test_label_dropout_feeds_the_null_class_at_its_rate_and_only_when_asked(monkeypatch):
+    from fedapp.models.ddpm import train_ddpm
+
+    torch.manual_seed(0)
+    m = DDPM(image_size=8, num_classes=3, block_out_channels=(8, 16), attention=False)
+    seen = []
+    real_loss = DDPM.loss
+    monkeypatch.setattr(DDPM, "loss", lambda self, x0, y=None, *a, **k: seen.append(y.clone()) or
+                        real_loss(self, x0, y, *a, **k))
+    x, y = torch.randn(40, 3, 8, 8), torch.arange(40) % 3
+    train_ddpm(m, x, y, steps=30, batch=20, p_uncond=0.3)
+    labels = torch.cat(seen)
+    assert abs(float((labels == -1).double().mean()) - 0.3) < 0.08  # 600 draws: 0.3 +- 0.019 (1 sd)
+    assert set(labels[labels >= 0].tolist()) == {0, 1, 2}
+    seen.clear()
+    train_ddpm(m, x, y, steps=10, batch=20)
+    assert (torch.cat(seen) >= 0).all()
+
+
+def test_guidance_is_the_null_branch_plus_w_times_the_conditional_difference():
+    m = DDPM(image_size=8, num_classes=3, block_out_channels=(8, 16), attention=False)
+    calls = []
+
+    def eps(x, t, y=None, flag=None):  # a stand-in network: its output is the label it was given
+        calls.append(len(x))
+        return torch.ones_like(x) * torch.as_tensor(y).float().view(-1, 1, 1, 1)
+
+    m.eps = eps
+    x, y = torch.zeros(4, 3, 8, 8), torch.tensor([0, 1, 2, 2])
+    g = m.guided_eps(x, 10, y, guidance=3.0)
+    assert torch.allclose(g[:, 0, 0, 0], -1 + 3 * (y.float() + 1)) and calls == [8]  # one batch of both
+    calls.clear()
+    assert torch.equal(m.guided_eps(x, 10, y, guidance=1.0)[:, 0, 0, 0], y.float()) and calls == [4]

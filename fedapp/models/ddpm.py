@@ -60,6 +60,18 @@ class DDPM(nn.Module):
         t = torch.as_tensor(t, device=x_t.device).long().expand(x_t.shape[0])
         return self.unet(x_t, t - 1, class_labels=self._labels(x_t.shape[0], y, flag)).sample
 
+    def guided_eps(self, x_t: torch.Tensor, t: int, y=None, flag=None, guidance: float = 1.0) -> torch.Tensor:
+        """Classifier-free guidance (Ho & Salimans 2022): eps_u + w (eps_c - eps_u), eps_u under the null class
+        (-1, learnt with train_ddpm's p_uncond); w = 1 (or no labels) is the conditional eps alone. Both
+        branches run as one batch."""
+        if guidance == 1.0 or y is None or not self.num_classes:
+            return self.eps(x_t, t, y, flag)
+        y = torch.as_tensor(y, device=x_t.device).long()
+        f = None if flag is None else torch.as_tensor(flag, device=x_t.device).long().repeat(2)
+        both = self.eps(torch.cat([x_t, x_t]), t, torch.cat([y, torch.full_like(y, -1)]), f)
+        cond, uncond = both.chunk(2)
+        return uncond + guidance * (cond - uncond)
+
     def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor | int) -> torch.Tensor:
         """q(x_t | x_0): sqrt(abar_t) x_0 + sqrt(1 - abar_t) eps."""
         a = self.abar[torch.as_tensor(t, device=x0.device)].view(-1, *[1] * (x0.ndim - 1))
@@ -98,12 +110,14 @@ class DDPM(nn.Module):
     @torch.no_grad()
     def sample(self, n: int, y=None, flag=None, t_start: int = 1000, t_end: int = 0,
                x_start: torch.Tensor | None = None, steps: int | None = None, generator: torch.Generator | None = None,
-               clip_x0: bool = True, x0_bound: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+               clip_x0: bool = True, x0_bound: Callable[[torch.Tensor], torch.Tensor] | None = None,
+               guidance: float = 1.0) -> torch.Tensor:
         """x_{t_end} from x_{t_start} (default N(0, I) at t_start = T). steps=None: ancestral DDPM through
         every level; steps=k: deterministic DDIM over k evenly spaced levels. clip_x0 clamps x0_hat to [-1, 1].
         x0_bound maps x0_hat into the data's known range (e.g. a norm ball); DDIM then re-derives eps from the
         bounded x0_hat (GLIDE's convention, diffusers' DDIMScheduler `use_clipped_model_output`), so that a
-        wild eps prediction cannot carry its energy into x_s."""
+        wild eps prediction cannot carry its energy into x_s. guidance: classifier-free guidance scale
+        (guided_eps; 1 = none)."""
         if not 0 <= t_end < t_start <= self.T:
             raise ValueError(f"t_start={t_start}, t_end={t_end}: need 0 <= t_end < t_start <= {self.T}")
         device = self.abar.device
@@ -114,7 +128,7 @@ class DDPM(nn.Module):
         else:
             levels = torch.linspace(t_start, t_end, steps + 1).round().long().unique_consecutive().tolist()
         for t, s in zip(levels[:-1], levels[1:]):
-            eps = self.eps(x, t, y, flag)
+            eps = self.guided_eps(x, t, y, flag, guidance)
             a_t, a_s = self.abar[t], self.abar[s]
             x0 = (x - (1 - a_t).sqrt() * eps) / a_t.sqrt()
             if clip_x0:
@@ -200,9 +214,10 @@ def shared_sample(shared, y: torch.Tensor, t0: int, mode: str, steps: int, gener
 
 def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag: torch.Tensor | None = None, *,
                steps: int, batch: int = 64, lr: float = 2e-3, seed: int = 0, t_range: tuple[int, int] | None = None,
-               source_t: int | None = None, device: str = "cpu") -> float:
+               source_t: int | None = None, device: str = "cpu", p_uncond: float = 0.0) -> float:
     """`steps` Adam steps on minibatches drawn uniformly from (x, y, flag), all draws seeded; returns the
-    mean loss of the last 10% of steps."""
+    mean loss of the last 10% of steps. p_uncond > 0: each label is replaced by the null class (-1) with that
+    probability, so that the model also learns eps_u for classifier-free guidance (DDPM.guided_eps)."""
     model.to(device).train()
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
@@ -211,6 +226,8 @@ def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag
     for step in range(steps):
         idx = torch.randint(0, len(x), (min(batch, len(x)),), generator=g)
         yb = None if y is None else y[idx].to(device)
+        if yb is not None and p_uncond > 0:  # drawn only then: runs without dropout keep their draws
+            yb = torch.where(torch.rand(len(idx), generator=g).to(device) < p_uncond, -1, yb)
         fb = None if flag is None else flag[idx].to(device)
         loss = model.loss(x[idx].to(device), yb, fb, t_range=t_range, source_t=source_t, generator=g)
         opt.zero_grad(set_to_none=True)
