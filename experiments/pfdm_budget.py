@@ -7,7 +7,7 @@ samples (--samples, DDIM --sample-steps) are read by the table's reference class
 (strategies.generation_eval: fedapp.readers' SmallCNN, width 16, --ref-epochs). A checkpoint converges when
 its samples are read as the requested class >= 90 % (experiments.common.generative_verdict); the budget is
 the first checkpoint at which every seed does, and counts only if the reader reads >= 97 % of held-out real
-test images. Writes <out>/pfdm_budget_<dataset>_<size>px.json and .png.
+test images. Writes <out>/pfdm_budget_<dataset>_<size>px[_uncond<p>].json and .png.
 """
 
 from __future__ import annotations
@@ -144,7 +144,8 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(a.threads)
     quiet_logs()
     out = Path(a.out)
-    path = out / f"pfdm_budget_{a.dataset}_{a.image_size}px.json"
+    recipe = f"_uncond{a.p_uncond:g}" if a.p_uncond else ""  # a guided recipe's sweep beside the plain one
+    path = out / f"pfdm_budget_{a.dataset}_{a.image_size}px{recipe}.json"
     setup = {k: v for k, v in vars(a).items() if k not in ("seeds", "threads", "out")}
     for key, default in (("p_uncond", 0.0), ("guidance", "1")):  # added later: kept out at their defaults,
         if setup[key] == default:  # so that sweeps measured before them still resume

@@ -209,7 +209,7 @@ def test_pfdm_budget_sweep_trains_in_legs_and_reads_each_checkpoint(tmp_path):
     main(["--dataset", "colored-digits", "--image-size", "8", "--steps", "3,6", "--samples", "20",
           "--sample-steps", "2", "--ref-epochs", "1", "--seeds", "0", "--batch", "16", "--out", str(tmp_path),
           "--p-uncond", "0.2", "--guidance", "1,3"])
-    out = json.loads((tmp_path / "pfdm_budget_colored-digits_8px.json").read_text())
+    out = json.loads((tmp_path / "pfdm_budget_colored-digits_8px_uncond0.2.json").read_text())
     pts = out["seeds"]["0"]["points"]
     assert [q["steps"] for q in pts] == [3, 6] and out["setup"]["p_uncond"] == 0.2
     for q in pts:  # each checkpoint read at both scales; the headline is the better one
@@ -217,7 +217,7 @@ def test_pfdm_budget_sweep_trains_in_legs_and_reads_each_checkpoint(tmp_path):
         assert q["sample_accuracy"] == max(q["sample_accuracy_by_guidance"].values())
     assert pts[1]["train_seconds"] >= pts[0]["train_seconds"] > 0  # cumulative: the second leg adds 3 steps
     assert 0 < out["seeds"]["0"]["reader_accuracy"] <= 1 and out["budget"]["steps"] is None  # 6 steps learn nothing
-    assert (tmp_path / "pfdm_budget_colored-digits_8px.png").stat().st_size > 0
+    assert (tmp_path / "pfdm_budget_colored-digits_8px_uncond0.2.png").stat().st_size > 0
 
 
 def test_the_attacks_positive_control_memorises_by_construction_and_leaves_the_oracle_budget_alone():
