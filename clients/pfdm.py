@@ -18,7 +18,7 @@ import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedapp.client_context import ClientContext
-from fedapp.models.ddpm import DDPM, build_ddpm, shared_sample, train_ddpm
+from fedapp.models.ddpm import DDPM, build_ddpm, shared_sample, split_steps, train_ddpm
 from fedapp.privacy import clip_norm, privatize, resolve_t0
 from fedapp.protocols import METRICS_KEY, NUM_EXAMPLES_KEY
 from fedapp.protocols import pfdm as P
@@ -61,12 +61,6 @@ def make_upload(x: torch.Tensor, y: torch.Tensor, clip: float, t0: int):
 
 def balanced_labels(n: int, num_classes: int) -> torch.Tensor:
     return torch.arange(n) % num_classes
-
-
-def split_steps(steps: int, t0: int, T: int = 1000) -> tuple[int, int]:
-    """DDIM steps for (T -> t0, t0 -> 0) in proportion to the level ranges, at least one each."""
-    k_shared = min(steps - 1, max(1, round(steps * (T - t0) / T)))
-    return k_shared, max(1, steps - k_shared)
 
 
 @torch.no_grad()

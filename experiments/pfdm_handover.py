@@ -8,7 +8,7 @@ images; it passes at energy 1.00 +- 0.05 and a KID within 3 reference stds.
 Two parts, both for pfdm.shared in {relative, algorithm2} and every pfdm.handover (ddim, bounded, ancestral):
 1. exact: z_w = the exact denoiser of a diagonal Gaussian fitted to the data's clipped images (relative) or
    to their uploads (algorithm2): what unlimited training converges to on Gaussian-like data, so what it
-   scores is the sampler's own error; at the DDIM steps the clients use (clients.pfdm.split_steps of
+   scores is the sampler's own error; at the DDIM steps the clients use (fedapp.models.ddpm.split_steps of
    pfdm.sample-steps) and at more.
 2. trained: z_w trained on releases of the training images (the union of uploads, as PFDMStrategy does)
    for each of `--trained-steps`, scored the same way: the sampler's and the network's error together.
@@ -27,7 +27,8 @@ from typing import Any
 import torch
 
 from experiments.common import check_cpu_budget, prog
-from fedapp.models.ddpm import DDPM, HANDOVERS, SHARED_MODES, build_ddpm, shared_objective, shared_sample, train_ddpm
+from fedapp.models.ddpm import (DDPM, HANDOVERS, SHARED_MODES, build_ddpm, shared_objective, shared_sample,
+                                split_steps, train_ddpm)
 from fedapp.privacy import clip_norm, linear_abar, privatize, resolve_t0
 from fedapp.results import atomic_write_json
 
@@ -109,8 +110,6 @@ def main(argv: list[str]) -> None:
     a = p.parse_args(argv)
     check_cpu_budget(1, a.threads)
     torch.set_num_threads(a.threads)
-    from clients.pfdm import split_steps
-
     t0 = resolve_t0(0, a.epsilon, a.clip, 1e-5, "bound")
     k_shared, _ = split_steps(a.sample_steps, t0)
     train, test, public, info = load(a.dataset, a.image_size, a.seed, a.train_images)
@@ -124,7 +123,7 @@ def main(argv: list[str]) -> None:
     step_counts = [k_shared] + [int(s) for s in a.exact_steps.split(",") if s]
     for mode in SHARED_MODES:
         zw = exact_denoiser(mode, train.x, a.clip, t0)
-        for handover in HANDOVERS:
+        for handover in HANDOVERS[1:]:  # auto is one of the others
             for k in (step_counts if handover != "ancestral" else [k_shared]):
                 exact.append({"mode": mode, "handover": handover, "ddim_steps": k,
                               **score(zw, mode, handover, k, t0, a.clip, y, real, held_out, a.seed)})
@@ -142,11 +141,11 @@ def main(argv: list[str]) -> None:
                               seed=a.seed + target, t_range=t_range, source_t=source_t)
             train_s, steps_done = time.time() - t, target
             zw.eval()
-            for handover in HANDOVERS:
+            for handover in HANDOVERS[1:]:
                 trained.append({"mode": mode, "handover": handover, "zw_steps": target, "ddim_steps": k_shared,
                                 "loss": loss, "train_seconds": round(train_s, 1),
                                 **score(zw, mode, handover, k_shared, t0, a.clip, y, real, held_out, a.seed)})
-            print(table(trained[-len(HANDOVERS):], f"trained z_w, {mode}, {target} steps"), flush=True)
+            print(table(trained[-len(HANDOVERS) + 1:], f"trained z_w, {mode}, {target} steps"), flush=True)
             atomic_write_json(Path(a.out) / "pfdm_handover.json", {"setup": setup, "exact": exact, "trained": trained})
     if trained:
         print(table(trained, f"Trained z_w ({a.dataset} {a.image_size} px, t0 = {t0})"))

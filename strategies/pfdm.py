@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
-from fedapp.models.ddpm import DDPM, build_ddpm, shared_objective, shared_sample, train_ddpm
+from fedapp.models.ddpm import DDPM, build_ddpm, shared_objective, shared_sample, split_steps, train_ddpm
 from fedapp.privacy import privacy_record, privatize, resolve_t0
 from fedapp.protocols import pfdm as P
 from fedapp.protocols.records import partition_of, tensors_of
@@ -146,7 +146,8 @@ class PFDMStrategy(PhasedStrategy):
         g = torch.Generator().manual_seed(cfg.seed + 11)
         idx = torch.randperm(len(test), generator=g)[:n]
         y = test.y[idx].long()  # the test draw's class mix
-        at_t0 = shared_sample(shared, y, self.t0, o.shared, o.sample_steps, g, o.handover, o.clip)
+        k_shared, _ = split_steps(o.sample_steps, self.t0, shared.T)  # as the clients sample it
+        at_t0 = shared_sample(shared, y, self.t0, o.shared, k_shared, g, o.handover, o.clip)
         real = privatize(test.x[idx], o.clip, self.t0, g)
         held_out = [privatize(public.x[torch.randperm(len(public), generator=g)[:n]], o.clip, self.t0, g)
                     for _ in range(HANDOVER_REFERENCES)]

@@ -8,6 +8,7 @@ from clients.dcfm import train_expert
 from fedapp.models.compose import (ci_penalty, composite, mask_labels, mixture_composite, peer_ci_errors,
                                    peer_ci_penalty, route_valid, sample_route)
 from fedapp.models.flow import VectorVelocityNet
+from warning_policy import GC_OF_EARLIER_LEAKS
 
 
 def test_masks_follow_their_probabilities():
@@ -259,6 +260,7 @@ IN_PROCESS = {  # run config, own metrics, server phases timed, model transfers 
 }
 
 
+@pytest.mark.filterwarnings(GC_OF_EARLIER_LEAKS)
 @pytest.mark.filterwarnings("error")  # a run prints no warning, fedapp's or a library's
 @pytest.mark.parametrize("name", sorted(IN_PROCESS))
 def test_every_flow_method_runs_its_protocol_on_an_in_process_grid(tmp_path, name):

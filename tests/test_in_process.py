@@ -14,9 +14,11 @@ from fedapp.protocols.moon import STATE_PREV_MODEL
 from fedapp.protocols.records import tensors_of
 from fedapp.server_app import run_server
 from fedapp.simulation import InProcessGrid, ReplyCache, simulate_in_process
+from warning_policy import GC_OF_EARLIER_LEAKS
 
 # a warning in a run (fedapp's or a library's) fails the test: the default runs print none
-pytestmark = [pytest.mark.usefixtures("inside_a_run", "one_torch_thread"), pytest.mark.filterwarnings("error")]
+pytestmark = [pytest.mark.usefixtures("inside_a_run", "one_torch_thread"), pytest.mark.filterwarnings("error"),
+              pytest.mark.filterwarnings(GC_OF_EARLIER_LEAKS)]  # the later mark wins
 
 ESPRESSO = {"method": "espresso", "dataset": "digit-styles", "partitioner.name": "domain", "partitioner.per-class": 2,
             "min-clients": 2, "espresso.embed-steps": 3, "espresso.steps": 3, "espresso.ratio": 1.0,

@@ -9,6 +9,7 @@ import torch
 
 from fedapp.privacy import (clip_norm, rdp_orders, forward_diffuse, ldp_epsilon, ldp_sigma2, linear_abar, privatize,
                             resolve_t0, smallest_t0)
+from warning_policy import GC_OF_EARLIER_LEAKS
 
 TINY = {"dataset": "colored-digits", "partitioner": "minority", "partitioner.per-class": 0, "image-size": 8,
         "min-clients": 2, "num-server-rounds": 1, "pfdm.local-steps": 3, "pfdm.shared-steps": 3, "pfdm.samples": 30,
@@ -203,6 +204,7 @@ def test_generation_baseline_reports_the_same_metric_names(tmp_path):
         assert math.isfinite(s["metrics"][key]), key
 
 
+@pytest.mark.filterwarnings(GC_OF_EARLIER_LEAKS)
 @pytest.mark.filterwarnings("error")  # a run prints no warning, fedapp's or a library's
 @pytest.mark.parametrize("method", ["local-only", "fedavg-ddpm", "dpdm"])
 def test_ddpm_baselines_protocols_on_an_in_process_grid(tmp_path, method):
@@ -397,6 +399,7 @@ def test_t0_match_scores_an_exact_level_t0_marginal_like_held_out_data_and_a_wro
 
 
 # ---- dpdm: FedAvg over a DDPM trained with DP-SGD (Opacus) ------------------------------------------
+@pytest.mark.filterwarnings(GC_OF_EARLIER_LEAKS)
 @pytest.mark.filterwarnings("error")
 def test_dpdm_client_reports_opacus_epsilon_for_its_noise_rate_and_steps_so_far():
     """A client's round-r reply: epsilon is Opacus' RDP accountant stepped once per DP-SGD step of rounds
@@ -459,6 +462,7 @@ def test_dpdm_randomness_beyond_the_seed_is_the_dp_mechanisms_own():
     assert not torch.equal(weights(0.5, 0.0), weights(0.5, 0.0))
 
 
+@pytest.mark.filterwarnings(GC_OF_EARLIER_LEAKS)
 @pytest.mark.filterwarnings("error")
 @pytest.mark.parametrize("epsilon, q, steps", [(10.0, 0.1, 3), (100.0, 0.2, 10), (1.0, 0.01, 1000)])
 def test_dpsgd_accounting_finds_its_best_order_inside_the_range_it_searches(epsilon, q, steps):

@@ -104,3 +104,12 @@ def test_the_bounds_hold_the_data_they_claim():
     assert torch.equal(alg(up), up)
     radius = float(alg(100 * up).flatten(1).norm(dim=1).mean())
     assert radius < 1.1 * float(up.flatten(1).norm(dim=1).max())
+
+
+@pytest.mark.parametrize("mode,chosen", [("relative", "bounded"), ("algorithm2", "ancestral")])
+def test_auto_is_the_sampler_that_passed_the_check_for_the_mode(mode, chosen):
+    """pfdm.handover = auto (the default): relative -> bounded, algorithm2 -> ancestral
+    (docs/results/pfdm_handover.json: the ones that pass on a trained z_w / keep the energy)."""
+    zw, y = exact_zw(mode, 693), torch.zeros(8, dtype=torch.long)
+    auto = shared_sample(zw, y, 693, mode, 5, torch.Generator().manual_seed(3), "auto", CLIP)
+    assert torch.equal(auto, shared_sample(zw, y, 693, mode, 5, torch.Generator().manual_seed(3), chosen, CLIP))

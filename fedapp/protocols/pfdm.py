@@ -90,12 +90,14 @@ class PFDMOptions:
                       help="z_w: relative = levels (t0, T] of the clean data with the uploads as x_t0 (a re-scaled "
                            "eps target), sampled T -> t0; algorithm2 = the paper's Algorithm 2, a standard DDPM "
                            "trained on the uploads x~ as its data and sampled for all T levels")
-    handover: str = opt("ddim", choices=HANDOVERS,
-                        help="how z_w's leg T -> t0 is sampled: ddim = deterministic DDIM on the raw eps (the tables "
-                             "before issue 27); bounded = its x0 estimate projected onto the data's known range "
-                             "(relative: the clipping ball |x0| <= C; algorithm2: the range of an upload's norm) "
-                             "and eps re-derived from it; ancestral = bounded, sampled ancestrally through every "
-                             "level (one UNet call per level; pfdm.sample-steps then sets only the private leg)")
+    handover: str = opt("auto", choices=HANDOVERS,
+                        help="how z_w's leg T -> t0 is sampled: auto = what passes the hand-over check "
+                             "(docs/pfdm.md): bounded for pfdm.shared = relative, ancestral for algorithm2; "
+                             "ddim = deterministic DDIM on the raw eps (the tables before issue 27); bounded = its "
+                             "x0 estimate projected onto the data's known range (relative: the clipping ball "
+                             "|x0| <= C; algorithm2: the range of an upload's norm) and eps re-derived from it; "
+                             "ancestral = bounded, sampled ancestrally through every level (one UNet call per "
+                             "level; pfdm.sample-steps then sets only the private leg)")
     dp_noise: float = opt(0.0, low=0.0, help="dpdm: DP-SGD noise multiplier (noise std / dp-clip); 0: the smallest "
                                               "that spends pfdm.epsilon over all rounds (Opacus' RDP accountant)")
     dp_clip: float = opt(1.0, low=0.0, low_open=True, help="dpdm: per-sample gradient clipping norm of DP-SGD")
