@@ -7,7 +7,7 @@ samples (--samples, DDIM --sample-steps) are read by the table's reference class
 (strategies.generation_eval: fedapp.readers' SmallCNN, width 16, --ref-epochs). A checkpoint converges when
 its samples are read as the requested class >= 90 % (experiments.common.generative_verdict); the budget is
 the first checkpoint at which every seed does, and counts only if the reader reads >= 97 % of held-out real
-test images. Writes <out>/pfdm_budget_<dataset>_<size>px[_uncond<p>].json and .png.
+test images. Writes <out>/pfdm_budget_<dataset>_<size>px[_uncond<p>][_ema<d>][_w<widths>].json and .png.
 """
 
 from __future__ import annotations
@@ -54,7 +54,7 @@ def sweep_seed(a, seed: int, steps: list[int]) -> dict[str, Any]:
     for target in steps:
         t = time.time()
         loss = train_ddpm(model, x, y, steps=target - done, batch=a.batch, lr=a.lr, seed=seed * 100_003 + target,
-                          p_uncond=a.p_uncond)
+                          p_uncond=a.p_uncond, ema=a.ema)
         t_train += time.time() - t
         done = target
         model.eval()
@@ -129,6 +129,7 @@ def main(argv: list[str]) -> None:
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--p-uncond", type=float, default=0.0,
                    help="label dropout for classifier-free guidance (0: none, the tables so far)")
+    p.add_argument("--ema", type=float, default=0.0, help="EMA decay of the weights (0: none, the tables so far)")
     p.add_argument("--guidance", default="1", help="guidance scales to read at each checkpoint, e.g. 1,2,3")
     p.add_argument("--samples", type=int, default=400)
     p.add_argument("--sample-steps", type=int, default=40)
@@ -144,11 +145,14 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(a.threads)
     quiet_logs()
     out = Path(a.out)
-    recipe = f"_uncond{a.p_uncond:g}" if a.p_uncond else ""  # a guided recipe's sweep beside the plain one
+    # a changed recipe's sweep is written beside the plain one
+    recipe = (f"_uncond{a.p_uncond:g}" if a.p_uncond else "") + (f"_ema{a.ema:g}" if a.ema else "") + (
+        f"_w{a.channels.replace(',', '-')}" if a.channels != "16,32" else "")
     path = out / f"pfdm_budget_{a.dataset}_{a.image_size}px{recipe}.json"
     setup = {k: v for k, v in vars(a).items() if k not in ("seeds", "threads", "out")}
-    for key, default in (("p_uncond", 0.0), ("guidance", "1")):  # added later: kept out at their defaults,
-        if setup[key] == default:  # so that sweeps measured before them still resume
+    # options added later are kept out of the setup at their defaults, so that earlier sweeps still resume
+    for key, default in (("p_uncond", 0.0), ("guidance", "1"), ("ema", 0.0)):
+        if setup[key] == default:
             del setup[key]
     old = json.loads(path.read_text()) if path.exists() else {}
     result = {"setup": setup, "seeds": old.get("seeds", {}) if old.get("setup") == setup else {}}

@@ -137,3 +137,31 @@ def test_guidance_is_the_null_branch_plus_w_times_the_conditional_difference():
     assert torch.allclose(g[:, 0, 0, 0], -1 + 3 * (y.float() + 1)) and calls == [8]  # one batch of both
     calls.clear()
     assert torch.equal(m.guided_eps(x, 10, y, guidance=1.0)[:, 0, 0, 0], y.float()) and calls == [4]
+
+
+def test_ema_leaves_the_model_at_the_moving_average_of_its_steps(monkeypatch):
+    """train_ddpm(ema=d): the weights after training are the EMA of the per-step weights (the first step's
+    taken as is, then d * avg + (1 - d) * w), recomputed here from a record of every step; ema=0 keeps the
+    last step's."""
+    from fedapp.models.ddpm import train_ddpm
+
+    x, y = torch.randn(16, 3, 8, 8), torch.arange(16) % 2
+    trail = []
+    real_step = torch.optim.Adam.step
+
+    def step(self, *a, **k):
+        out = real_step(self, *a, **k)
+        trail.append([p.detach().clone() for g in self.param_groups for p in g["params"]])
+        return out
+
+    monkeypatch.setattr(torch.optim.Adam, "step", step)
+    for ema in (0.0, 0.5):
+        trail.clear()
+        torch.manual_seed(0)
+        m = DDPM(image_size=8, num_classes=2, block_out_channels=(8, 16), attention=False)
+        train_ddpm(m, x, y, steps=4, batch=8, ema=ema)
+        want = trail[0]
+        for w in trail[1:]:
+            want = [ema * a + (1 - ema) * b for a, b in zip(want, w)] if ema else w
+        assert all(torch.allclose(p, q, atol=1e-6) for p, q in zip(m.parameters(), want))
+    assert not all(torch.allclose(p, q) for p, q in zip(m.parameters(), trail[-1]))  # not the last step's

@@ -225,13 +225,19 @@ def shared_sample(shared, y: torch.Tensor, t0: int, mode: str, steps: int, gener
 
 def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag: torch.Tensor | None = None, *,
                steps: int, batch: int = 64, lr: float = 2e-3, seed: int = 0, t_range: tuple[int, int] | None = None,
-               source_t: int | None = None, device: str = "cpu", p_uncond: float = 0.0) -> float:
+               source_t: int | None = None, device: str = "cpu", p_uncond: float = 0.0,
+               ema: float = 0.0) -> float:
     """`steps` Adam steps on minibatches drawn uniformly from (x, y, flag), all draws seeded; returns the
     mean loss of the last 10% of steps. p_uncond > 0: each label is replaced by the null class (-1) with that
-    probability, so that the model also learns eps_u for classifier-free guidance (DDPM.guided_eps)."""
+    probability, so that the model also learns eps_u for classifier-free guidance (DDPM.guided_eps).
+    ema > 0: the model ends with the exponential moving average of its weights over the steps, at that
+    decay (torch.optim.swa_utils; DDPM's usual 0.999 to 0.9999), instead of the last step's."""
+    from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
+
     model.to(device).train()
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
+    averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(ema)) if ema > 0 else None
     t_range = t_range or (0, model.T)
     tail = LossTail(steps)
     for step in range(steps):
@@ -244,7 +250,11 @@ def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
+        if averaged is not None:
+            averaged.update_parameters(model)
         tail.add(step, loss)
+    if averaged is not None:
+        model.load_state_dict(averaged.module.state_dict())
     model.eval()
     return tail.mean()
 
