@@ -5,6 +5,7 @@ paper's main baseline (paired_difference, paired_text)."""
 
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
 import os
@@ -199,3 +200,36 @@ def paired_text(p: dict[str, Any] | None, digits: int = 1) -> str:
 def count_text(value: float | None) -> str:
     """A steps / images-seen cell: a whole number with thousands separators."""
     return "n/a" if value is None else f"{round(value):,}"
+
+
+def merge_results(into: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """Nested results (split -> method -> seed -> row): every leaf row of `other` that `into` lacks is
+    added; rows `into` already has win (they are the caller's fresher measurements)."""
+    for key, value in other.items():
+        mine = into.get(key)
+        if isinstance(mine, dict) and isinstance(value, dict) and "curve" not in value:
+            merge_results(mine, value)
+        elif key not in into:
+            into[key] = value
+    return into
+
+
+@contextmanager
+def file_lock(path: Path) -> Iterator[None]:
+    """An exclusive lock on `path`.lock: two table runners (disjoint cells, the same json) write in turn,
+    so neither overwrites the other's rows."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_name(path.name + ".lock"), "w") as fh:
+        fcntl.flock(fh, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(fh, fcntl.LOCK_UN)
+
+
+def results_on_disk(path: Path, setup: dict[str, Any]) -> dict[str, Any]:
+    """The results a table json holds under the same setup ({} if none, or another setup's)."""
+    if not path.exists():
+        return {}
+    old = json.loads(path.read_text())
+    return old["results"] if old.get("setup") == setup else {}

@@ -30,7 +30,6 @@ accuracy (metrics.jsonl's `accuracy`, strategies.fedavg global_evaluate), so no 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import time
 from pathlib import Path
@@ -39,8 +38,8 @@ from typing import Any
 import numpy as np
 
 from experiments.common import (BACKENDS, accuracy_curve, all_converged, check_configs, check_cpu_budget,
-                                classification_verdict, count_text, paired_difference, paired_text, parse_set, prog,
-                                quiet_logs, run, verdict_mark)
+                                classification_verdict, count_text, file_lock, merge_results, paired_difference,
+                                paired_text, parse_set, prog, quiet_logs, results_on_disk, run, verdict_mark)
 from fedapp.results import atomic_write_json
 
 SPLITS = {
@@ -246,13 +245,16 @@ def save_shared_targets(path: Path) -> None:
     os.replace(tmp, path)
 
 
-def write_table(path: Path, setup: dict[str, Any], results: dict[str, Any]) -> None:
+def write_table(path: Path, setup: dict[str, Any], results: dict[str, Any]) -> dict[str, Any]:
     """The json: every run's curve (and verdict, compute), and per cell its verdict, the same-seed difference
-    against FedAvg and the mean compute (cell_summary)."""
-    splits = [s for s in SPLITS if s in results]
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, {"setup": setup, "paper_cifar10": PAPER, "results": results,
-                             "cells": cells(results, splits, list(METHODS))})
+    against FedAvg and the mean compute (cell_summary). Rows another runner wrote meanwhile (same setup) are
+    merged in, under a lock; returns the merged results."""
+    with file_lock(path):
+        results = merge_results(results, results_on_disk(path, setup))
+        splits = [s for s in SPLITS if s in results]
+        atomic_write_json(path, {"setup": setup, "paper_cifar10": PAPER, "results": results,
+                                 "cells": cells(results, splits, list(METHODS))})
+    return results
 
 
 def main(argv: list[str]) -> None:
@@ -305,11 +307,8 @@ def main(argv: list[str]) -> None:
         setup["fraction_train"] = a.fraction_train
     if a.set:  # only when given, so that tables measured before --set existed still resume
         setup["set"] = parse_set(a.set)
-    results: dict[str, Any] = {}
-    if json_path.exists() and not a.fresh:
-        old = json.loads(json_path.read_text())
-        if old.get("setup") == setup:  # resume: keep the cells already measured under the same setup
-            results = old["results"]
+    # resume: keep the cells already measured under the same setup
+    results: dict[str, Any] = {} if a.fresh else results_on_disk(json_path, setup)
     t_all = time.time()
     for seed in seeds:  # seed-major: a seed's splits share one noise draw, so raw features are reused
         for s in splits:
@@ -334,9 +333,9 @@ def main(argv: list[str]) -> None:
                 results.setdefault(s, {}).setdefault(m, {})[str(seed)] = row
                 print(f"[{time.time() - t_all:6.0f}s] seed {seed} {s:5s} {METHODS[m][0]:11s} "
                       f"last-{LAST} {last_mean(row['curve']):.2f}%  ({row['seconds']} s)", flush=True)
-                write_table(json_path, setup, results)
+                results = write_table(json_path, setup, results)
     if results:  # a resumed table gets its cells' summaries too
-        write_table(json_path, setup, results)
+        results = write_table(json_path, setup, results)
     all_splits = [s for s in SPLITS if s in results]
     present = [m for m in METHODS if any(m in results[s] for s in all_splits)]
     main_rows = [m for m in present if m in DEFAULT_METHODS]

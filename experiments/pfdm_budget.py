@@ -21,7 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.common import check_cpu_budget, generative_verdict, prog, quiet_logs
+from experiments.common import (all_converged, check_cpu_budget, file_lock, generative_verdict, prog,
+                                quiet_logs)
 from fedapp.results import atomic_write_json
 
 
@@ -88,6 +89,12 @@ def budget(seeds: dict[str, dict[str, Any]]) -> dict[str, Any]:
     return {"steps": None, "guidance": None, "readers_reliable": reader_ok}
 
 
+def verdict(seeds: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The tables' verdict (experiments.common.generative_verdict) at the sweep's last checkpoint, over
+    seeds at each seed's best guidance scale: has this recipe converged at its largest budget?"""
+    return all_converged([generative_verdict(s["points"][-1]["sample_accuracy"]) for s in seeds.values()])
+
+
 def plot(result: dict[str, Any], path: Path) -> None:
     import matplotlib
     import matplotlib.ticker
@@ -116,6 +123,26 @@ def plot(result: dict[str, Any], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
+
+
+def seeds_on_disk(path: Path, setup: dict[str, Any]) -> dict[str, Any]:
+    old = json.loads(path.read_text()) if path.exists() else {}
+    return old.get("seeds", {}) if old.get("setup") == setup else {}
+
+
+def write(path: Path, result: dict[str, Any], new_seeds: dict[str, Any]) -> None:
+    """Adds `new_seeds` and the seeds another process wrote meanwhile (same setup; two seeds can run in two
+    processes), then the budget, the verdict and the mean curve."""
+    with file_lock(path):
+        seeds = {**seeds_on_disk(path, result["setup"]), **result["seeds"], **new_seeds}
+        result["seeds"] = dict(sorted(seeds.items(), key=lambda kv: int(kv[0])))
+        result["budget"] = budget(result["seeds"])
+        result["verdict"] = verdict(result["seeds"])
+        checkpoints = [p["steps"] for p in next(iter(result["seeds"].values()))["points"]]
+        result["mean_sample_accuracy"] = {str(st): float(np.mean([s["points"][i]["sample_accuracy"]
+                                                                  for s in result["seeds"].values()]))
+                                          for i, st in enumerate(checkpoints)}  # at each seed's best scale
+        atomic_write_json(path, result)
 
 
 def main(argv: list[str]) -> None:
@@ -154,17 +181,11 @@ def main(argv: list[str]) -> None:
     for key, default in (("p_uncond", 0.0), ("guidance", "1"), ("ema", 0.0)):
         if setup[key] == default:
             del setup[key]
-    old = json.loads(path.read_text()) if path.exists() else {}
-    result = {"setup": setup, "seeds": old.get("seeds", {}) if old.get("setup") == setup else {}}
+    result = {"setup": setup, "seeds": seeds_on_disk(path, setup)}
     for seed in (int(s) for s in a.seeds.split(",") if s):
         if str(seed) not in result["seeds"]:  # resume: a seed measured under the same setup is kept
-            result["seeds"][str(seed)] = sweep_seed(a, seed, steps)
-            result["budget"] = budget(result["seeds"])
-            atomic_write_json(path, result)
-    result["budget"] = budget(result["seeds"])
-    result["mean_sample_accuracy"] = {str(st): float(np.mean([s["points"][i]["sample_accuracy"]
-                                                              for s in result["seeds"].values()]))
-                                      for i, st in enumerate(steps)}  # at each seed's best scale
-    atomic_write_json(path, result)
+            row = sweep_seed(a, seed, steps)
+            write(path, result, {str(seed): row})
+    write(path, result, {})
     plot(result, path.with_suffix(".png"))
     print(f"budget: {result['budget']}")

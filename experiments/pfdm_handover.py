@@ -40,7 +40,7 @@ class GaussianDenoiser(DDPM):
     (a s2 + 1 - a), a = abar_t (mu, s2: per-pixel tensors or numbers)."""
 
     def __init__(self, mu, s2, image_size: int = 8, channels: int = 3):
-        super().__init__(image_size=image_size, channels=channels, block_out_channels=(8, 16), attention=False)
+        super().__init__(image_size=image_size, channels=channels, block_out_channels=())
         self.mu, self.s2 = mu, s2
 
     def eps(self, x_t, t, y=None, flag=None):

@@ -60,8 +60,7 @@ def shared_generation(shared: DDPM, y: torch.Tensor, t0: int, mode: str, sample_
     if mode == "algorithm2":
         return shared.sample(len(y), y, steps=sample_steps // 2, generator=g, clip_x0=False)
     x_t = shared.sample(len(y), y, t_start=shared.T, t_end=t0 + 1, steps=sample_steps // 2, generator=g)
-    a = shared.abar[t0 + 1]
-    return ((x_t - (1 - a).sqrt() * shared.eps(x_t, t0 + 1, y)) / a.sqrt()).clamp(-1, 1)
+    return shared.x0_estimate(x_t, shared.eps(x_t, t0 + 1, y), t0 + 1).clamp(-1, 1)
 
 
 def reconstruction(run: ServerRun, t0: int, ev: GenerationEval, uploads: dict, shards: list) -> dict[str, float]:

@@ -145,6 +145,24 @@ def test_feddifrc_tables_already_in_docs_still_print(tmp_path):
     assert (tmp_path / "rounds.png").read_bytes()[:4] == b"\x89PNG"
 
 
+def test_two_runners_on_one_table_keep_each_others_rows_and_their_own_win(tmp_path):
+    from experiments.feddifrc import write_table
+
+    path, setup = tmp_path / "t.json", {"rounds": 20}
+    first = {"a0.1": {"fedavg": {"0": _row([0.40] * 20)}}}
+    write_table(path, setup, first)
+    # a second runner started before the first wrote: it knows only its own cells (and one stale row)
+    second = {"a0.1": {"fedavg": {"1": _row([0.50] * 20)}, "feddifrc": {"0": _row([0.45] * 20)}}}
+    merged = write_table(path, setup, second)
+    on_disk = json.loads(path.read_text())["results"]
+    assert on_disk == merged
+    assert sorted(on_disk["a0.1"]["fedavg"]) == ["0", "1"] and on_disk["a0.1"]["feddifrc"]["0"]["curve"][0] == 0.45
+    write_table(path, setup, {"a0.1": {"fedavg": {"0": _row([0.41] * 20)}}})  # a re-measured row replaces
+    assert json.loads(path.read_text())["results"]["a0.1"]["fedavg"]["0"]["curve"][0] == 0.41
+    write_table(path, {"rounds": 40}, {"a0.1": {"moon": {"0": _row([0.3] * 20)}}})  # another setup: no merge
+    assert list(json.loads(path.read_text())["results"]["a0.1"]) == ["moon"]
+
+
 @pytest.mark.usefixtures("inside_a_run", "one_torch_thread")
 @pytest.mark.parametrize("fraction_evaluate", [0.0, 1.0])
 def test_feddifrc_compute_counts_each_train_reply_of_a_real_run(tmp_path, fraction_evaluate):
@@ -184,7 +202,7 @@ def test_pfdm_oracle_trains_at_least_as_many_steps_as_any_federated_row():
 
 
 def test_pfdm_budget_is_the_first_checkpoint_where_every_seed_reads_90_percent():
-    from experiments.pfdm_budget import budget
+    from experiments.pfdm_budget import budget, verdict
 
     def seed(accs, reader=0.98):
         return {"reader_accuracy": reader, "points": [{"steps": s, "sample_accuracy": a}
@@ -200,6 +218,9 @@ def test_pfdm_budget_is_the_first_checkpoint_where_every_seed_reads_90_percent()
         {"steps": 1000, "sample_accuracy": 0.95, "sample_accuracy_by_guidance": {"1.0": 0.7, "3.0": 0.9 + k / 100}}]}
         for k in range(2)}
     assert budget(both) == {"steps": 1000, "guidance": 3.0, "readers_reliable": True}
+    # the verdict reads each seed's last checkpoint (at its best scale): 0.95 on both seeds converges
+    assert verdict(both)["converged"] and verdict(both)["seeds"] == 2
+    assert not verdict({"0": seed([0.5, 0.92, 0.95]), "1": seed([0.6, 0.95, 0.89])})["converged"]
 
 
 @pytest.mark.usefixtures("one_torch_thread")
@@ -217,6 +238,7 @@ def test_pfdm_budget_sweep_trains_in_legs_and_reads_each_checkpoint(tmp_path):
         assert q["sample_accuracy"] == max(q["sample_accuracy_by_guidance"].values())
     assert pts[1]["train_seconds"] >= pts[0]["train_seconds"] > 0  # cumulative: the second leg adds 3 steps
     assert 0 < out["seeds"]["0"]["reader_accuracy"] <= 1 and out["budget"]["steps"] is None  # 6 steps learn nothing
+    assert out["verdict"]["converged"] is False and out["verdict"]["seeds"] == 1
     assert (tmp_path / "pfdm_budget_colored-digits_8px_uncond0.2.png").stat().st_size > 0
 
 

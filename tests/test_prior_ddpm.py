@@ -27,6 +27,9 @@ def test_levels_follow_the_paper(model):
     x0, z = torch.randn(2, 3, 8, 8), torch.randn(2, 3, 8, 8)
     a = model.abar[690]
     assert torch.allclose(model.add_noise(x0, z, 690), a.sqrt() * x0 + (1 - a).sqrt() * z)
+    # the x0 estimate inverts add_noise given the true noise, at every level
+    for t in (1, 300, 690, 1000):
+        assert torch.allclose(model.x0_estimate(model.add_noise(x0, z, t), z, t), x0, atol=1e-3)
 
 
 def test_loss_finite_and_decreases(model):

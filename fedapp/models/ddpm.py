@@ -36,7 +36,9 @@ class DDPM(nn.Module):
 
         self.image_size, self.channels, self.num_classes, self.flag = image_size, channels, num_classes, flag
         sizes = ([num_classes] if num_classes else []) + ([2] if flag else [])
-        self.unet = small_unet2d(image_size, channels, block_out_channels, attention, sizes or None)
+        # () builds no network: a subclass with an analytic eps (experiments/pfdm_handover.GaussianDenoiser)
+        self.unet = small_unet2d(image_size, channels, block_out_channels, attention, sizes or None) \
+            if block_out_channels else None
         sched = DDPMScheduler(num_train_timesteps=num_train_timesteps, beta_start=beta_start, beta_end=beta_end,
                               beta_schedule="linear")
         self.T = num_train_timesteps
@@ -71,6 +73,11 @@ class DDPM(nn.Module):
         both = self.eps(torch.cat([x_t, x_t]), t, torch.cat([y, torch.full_like(y, -1)]), f)
         cond, uncond = both.chunk(2)
         return uncond + guidance * (cond - uncond)
+
+    def x0_estimate(self, x_t: torch.Tensor, eps: torch.Tensor, t: int) -> torch.Tensor:
+        """x0_hat = (x_t - sqrt(1 - abar_t) eps) / sqrt(abar_t): the clean image a noise estimate implies."""
+        a_t = self.abar[t]
+        return (x_t - (1 - a_t).sqrt() * eps) / a_t.sqrt()
 
     def add_noise(self, x0: torch.Tensor, noise: torch.Tensor, t: torch.Tensor | int) -> torch.Tensor:
         """q(x_t | x_0): sqrt(abar_t) x_0 + sqrt(1 - abar_t) eps."""
@@ -130,7 +137,7 @@ class DDPM(nn.Module):
         for t, s in zip(levels[:-1], levels[1:]):
             eps = self.guided_eps(x, t, y, flag, guidance)
             a_t, a_s = self.abar[t], self.abar[s]
-            x0 = (x - (1 - a_t).sqrt() * eps) / a_t.sqrt()
+            x0 = self.x0_estimate(x, eps, t)
             if clip_x0:
                 x0 = x0.clamp(-1, 1)
             if x0_bound is not None:
