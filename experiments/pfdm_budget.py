@@ -1,9 +1,10 @@
 """`python -m experiments pfdm-budget`: the denoiser budget at which PFDM's table is read (issue 27 item 1).
 
 centralized-ddpm, the table's oracle, on the table's data (experiments/pfdm.py's config: colored-mnist, the
-minority partitioner, 4 clients, every client's shard pooled), trained in legs to each of --steps (Adam
-restarts at each leg; the minibatch draws continue from a fresh seed); at each checkpoint its class-balanced
-samples (--samples, DDIM --sample-steps) are read by the table's reference classifier
+minority partitioner, 4 clients, every client's shard pooled), trained in one continuous run to the last of
+--steps (optimiser and EMA carried through; sweeps written before this was so trained in legs, each leg
+restarting Adam from the previous leg's weights, and their setups lack "continuous"); at each checkpoint
+its class-balanced samples (--samples, DDIM --sample-steps) are read by the table's reference classifier
 (strategies.generation_eval: fedapp.readers' SmallCNN, width 16, --ref-epochs). A checkpoint converges when
 its samples are read as the requested class >= 90 % (experiments.common.generative_verdict); the budget is
 the first checkpoint at which every seed does, and counts only if the reader reads >= 97 % of held-out real
@@ -38,7 +39,7 @@ def pooled_data(flat: dict[str, Any], clients: int):
 
 
 def sweep_seed(a, seed: int, steps: list[int]) -> dict[str, Any]:
-    """One seed's curve: sample accuracy (and the last 10 % of each leg's loss) at every checkpoint."""
+    """One seed's curve: sample accuracy (and the mean loss of the last 10 % of steps) at every checkpoint."""
     from experiments.pfdm import config, parser
     from fedapp.models.classifier import accuracy
     from fedapp.models.ddpm import build_ddpm, train_ddpm
@@ -51,24 +52,26 @@ def sweep_seed(a, seed: int, steps: list[int]) -> dict[str, Any]:
     reader = server_reader(server, seed, epochs=a.ref_epochs, width=16)
     torch.manual_seed(seed)
     model = build_ddpm(a.image_size, server.info.num_classes, channels=a.channels)
-    points, done, t_train = [], 0, 0.0
-    for target in steps:
-        t = time.time()
-        loss = train_ddpm(model, x, y, steps=target - done, batch=a.batch, lr=a.lr, seed=seed * 100_003 + target,
-                          p_uncond=a.p_uncond, ema=a.ema)
-        t_train += time.time() - t
-        done = target
-        model.eval()
+    points, t_start = [], time.time()
+
+    def read(step: int, m, loss: float) -> None:  # one checkpoint of the continuous run
+        t_read = time.time()
         by_w = {}
         for w in guidances(a):
-            gen, gy = sample_model(model, a.samples, server.info.num_classes, a.sample_steps, seed + 1, w)
+            gen, gy = sample_model(m, a.samples, server.info.num_classes, a.sample_steps, seed + 1, w)
             by_w[str(w)] = accuracy(reader.model, gen, gy)
+        read_seconds.append(time.time() - t_read)
         best = max(by_w, key=by_w.get)
-        points.append({"steps": target, "sample_accuracy": by_w[best], "guidance": float(best),
+        t_train = time.time() - t_start - sum(read_seconds)
+        points.append({"steps": step, "sample_accuracy": by_w[best], "guidance": float(best),
                        "sample_accuracy_by_guidance": by_w, "loss": loss, "train_seconds": round(t_train, 1)})
-        read = ", ".join(f"w={w}: {100 * v:.1f}%" for w, v in by_w.items())
-        print(f"seed {seed} {target:6d} steps: samples read as requested {read} (loss {loss:.4f}, "
+        shown = ", ".join(f"w={w}: {100 * v:.1f}%" for w, v in by_w.items())
+        print(f"seed {seed} {step:6d} steps: samples read as requested {shown} (loss {loss:.4f}, "
               f"{t_train:.0f} s of training)", flush=True)
+
+    read_seconds: list[float] = []
+    train_ddpm(model, x, y, steps=steps[-1], batch=a.batch, lr=a.lr, seed=seed * 100_003 + steps[-1],
+               p_uncond=a.p_uncond, ema=a.ema, checkpoints=steps, on_checkpoint=read)
     return {"train_images": len(x), "reader_accuracy": reader.held_out_accuracy, "points": points}
 
 
@@ -176,7 +179,7 @@ def main(argv: list[str]) -> None:
     recipe = (f"_uncond{a.p_uncond:g}" if a.p_uncond else "") + (f"_ema{a.ema:g}" if a.ema else "") + (
         f"_w{a.channels.replace(',', '-')}" if a.channels != "16,32" else "")
     path = out / f"pfdm_budget_{a.dataset}_{a.image_size}px{recipe}.json"
-    setup = {k: v for k, v in vars(a).items() if k not in ("seeds", "threads", "out")}
+    setup = {k: v for k, v in vars(a).items() if k not in ("seeds", "threads", "out")} | {"continuous": True}
     # options added later are kept out of the setup at their defaults, so that earlier sweeps still resume
     for key, default in (("p_uncond", 0.0), ("guidance", "1"), ("ema", 0.0)):
         if setup[key] == default:

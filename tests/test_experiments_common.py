@@ -224,7 +224,7 @@ def test_pfdm_budget_is_the_first_checkpoint_where_every_seed_reads_90_percent()
 
 
 @pytest.mark.usefixtures("one_torch_thread")
-def test_pfdm_budget_sweep_trains_in_legs_and_reads_each_checkpoint(tmp_path):
+def test_pfdm_budget_sweep_trains_one_run_and_reads_each_checkpoint(tmp_path):
     from experiments.pfdm_budget import main
 
     main(["--dataset", "colored-digits", "--image-size", "8", "--steps", "3,6", "--samples", "20",
@@ -236,7 +236,7 @@ def test_pfdm_budget_sweep_trains_in_legs_and_reads_each_checkpoint(tmp_path):
     for q in pts:  # each checkpoint read at both scales; the headline is the better one
         assert set(q["sample_accuracy_by_guidance"]) == {"1.0", "3.0"}
         assert q["sample_accuracy"] == max(q["sample_accuracy_by_guidance"].values())
-    assert pts[1]["train_seconds"] >= pts[0]["train_seconds"] > 0  # cumulative: the second leg adds 3 steps
+    assert pts[1]["train_seconds"] >= pts[0]["train_seconds"] > 0  # cumulative: three more steps
     assert 0 < out["seeds"]["0"]["reader_accuracy"] <= 1 and out["budget"]["steps"] is None  # 6 steps learn nothing
     assert out["verdict"]["converged"] is False and out["verdict"]["seeds"] == 1
     assert (tmp_path / "pfdm_budget_colored-digits_8px_uncond0.2.png").stat().st_size > 0

@@ -126,6 +126,34 @@ def test_label_dropout_feeds_the_null_class_at_its_rate_and_only_when_asked(monk
     assert (torch.cat(seen) >= 0).all()
 
 
+@pytest.mark.parametrize("ema", [0.0, 0.9])
+def test_checkpoints_read_one_continuous_run_with_the_weights_it_would_end_with(ema):
+    from fedapp.models.ddpm import train_ddpm
+
+    x, y = torch.randn(24, 3, 8, 8), torch.arange(24) % 3
+
+    def fresh():
+        torch.manual_seed(0)
+        return DDPM(image_size=8, num_classes=3, block_out_channels=(8, 16), attention=False)
+
+    plain = fresh()
+    train_ddpm(plain, x, y, steps=6, batch=8, ema=ema)
+    read, probe = {}, torch.randn(2, 3, 8, 8)
+    swept = fresh()
+
+    def at(step, m, loss):
+        assert not m.training and loss > 0
+        read[step] = m.eps(probe, 500, torch.tensor([0, 1])).detach()
+
+    last_loss = train_ddpm(swept, x, y, steps=6, batch=8, ema=ema, checkpoints=[3, 6], on_checkpoint=at)
+    assert sorted(read) == [3, 6] and last_loss > 0
+    # the callbacks perturb nothing: the run ends where a plain run ends, and its last reading is that model
+    for a, b in zip(plain.parameters(), swept.parameters()):
+        assert torch.equal(a, b)
+    assert torch.allclose(read[6], plain.eps(probe, 500, torch.tensor([0, 1])), atol=1e-6)
+    assert not torch.allclose(read[3], read[6])  # three more steps moved the weights
+
+
 def test_guidance_is_the_null_branch_plus_w_times_the_conditional_difference():
     m = DDPM(image_size=8, num_classes=3, block_out_channels=(8, 16), attention=False)
     calls = []

@@ -13,7 +13,7 @@ model t0 -> 0 (`sample(..., t_start=t0, x_start=...)`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -233,12 +233,16 @@ def shared_sample(shared, y: torch.Tensor, t0: int, mode: str, steps: int, gener
 def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag: torch.Tensor | None = None, *,
                steps: int, batch: int = 64, lr: float = 2e-3, seed: int = 0, t_range: tuple[int, int] | None = None,
                source_t: int | None = None, device: str = "cpu", p_uncond: float = 0.0,
-               ema: float = 0.0) -> float:
+               ema: float = 0.0, checkpoints: Iterable[int] = (),
+               on_checkpoint: Callable[[int, DDPM, float], None] | None = None) -> float:
     """`steps` Adam steps on minibatches drawn uniformly from (x, y, flag), all draws seeded; returns the
     mean loss of the last 10% of steps. p_uncond > 0: each label is replaced by the null class (-1) with that
     probability, so that the model also learns eps_u for classifier-free guidance (DDPM.guided_eps).
     ema > 0: the model ends with the exponential moving average of its weights over the steps, at that
-    decay (torch.optim.swa_utils; DDPM's usual 0.999 to 0.9999), instead of the last step's."""
+    decay (torch.optim.swa_utils; DDPM's usual 0.999 to 0.9999), instead of the last step's.
+    on_checkpoint(k, model, loss) after step k of `checkpoints`, in eval mode, with the weights the run would
+    end with there (the EMA's) and the mean loss of its last 10% of steps: a budget sweep reads one
+    continuous run (its optimiser and average carried on), not restarts."""
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
     model.to(device).train()
@@ -247,6 +251,7 @@ def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag
     averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(ema)) if ema > 0 else None
     t_range = t_range or (0, model.T)
     tail = LossTail(steps)
+    checkpoints, seen = set(checkpoints), []
     for step in range(steps):
         idx = torch.randint(0, len(x), (min(batch, len(x)),), generator=g)
         yb = None if y is None else y[idx].to(device)
@@ -260,6 +265,13 @@ def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag
         if averaged is not None:
             averaged.update_parameters(model)
         tail.add(step, loss)
+        if on_checkpoint is not None and checkpoints:
+            seen.append(loss.item())
+            if step + 1 in checkpoints:
+                read = model if averaged is None else averaged.module
+                read.eval()
+                on_checkpoint(step + 1, read, sum(seen[-max(1, (step + 1) // 10):]) / max(1, (step + 1) // 10))
+                model.train()
     if averaged is not None:
         model.load_state_dict(averaged.module.state_dict())
     model.eval()
