@@ -8,7 +8,7 @@ keys: fedapp/protocols/dcfm.py).
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Iterable
 
 import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
@@ -16,6 +16,7 @@ from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 from fedapp.client_context import ClientContext
 from fedapp.models.compose import (attribute_labels, build_velocity, ci_penalty, mask_labels, pair_counts,
                                    peer_ci_penalty, sample_route)
+from fedapp.models.checkpoints import Checkpoints, OnCheckpoint
 from fedapp.models.flow import VelocityNet, sample_path, target_velocity
 from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY, ROUND_KEY, RUN_KEY
 from fedapp.protocols import dcfm as P
@@ -25,17 +26,19 @@ def train_expert(model: VelocityNet, x: torch.Tensor, y: torch.Tensor, *, steps:
                  pi: tuple[float, float, float], lambda_ci: float, seed: int, device: str = "cpu",
                  peers: dict[int, Callable] | None = None, self_index: int = 0,
                  peer_counts: dict[int, torch.Tensor] | None = None, routes_per_batch: int = 1,
-                 route_mask: bool = True) -> dict[str, float]:
+                 route_mask: bool = True, checkpoints: Iterable[int] = (),
+                 on_checkpoint: OnCheckpoint | None = None) -> dict[str, float]:
     """L = L_FM(y ⊙ m) + lambda * L_CI (Stage I, eq. 11), or + lambda * L_peerCI when peers are given
     (variant A: `routes_per_batch` routing vectors per step; `route_mask` leaves out routes to experts
     that never saw the value, judged by `peer_counts`). lambda_ci = 0 is plain masked conditional flow
-    matching (the baselines)."""
+    matching (the baselines). on_checkpoint(k, model, L_FM) after step k of `checkpoints` (a budget sweep)."""
     gen = torch.Generator().manual_seed(seed)
+    ckpt = Checkpoints(checkpoints, on_checkpoint)
     model.to(device).train()
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     ids = sorted({self_index, *(peers or {})})  # the experts a route may pick (a dropped peer is absent)
     sums = {"fm": 0.0, "ci": 0.0}
-    for _ in range(steps):
+    for step in range(steps):
         idx = torch.randint(len(x), (min(batch, len(x)),), generator=gen)
         x1, yb = x[idx].to(device), y[idx].to(device)
         x0 = torch.randn(x1.shape, generator=gen).to(device)
@@ -58,6 +61,7 @@ def train_expert(model: VelocityNet, x: torch.Tensor, y: torch.Tensor, *, steps:
         opt.step()
         sums["fm"] += fm.item()
         sums["ci"] += float(ci.detach())
+        ckpt.step(step + 1, fm.item(), model, model)
     model.eval()
     return {k: v / max(steps, 1) for k, v in sums.items()}
 

@@ -12,7 +12,7 @@ import os
 import statistics
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 
 def prog(name: str) -> str:
@@ -233,3 +233,50 @@ def results_on_disk(path: Path, setup: dict[str, Any]) -> dict[str, Any]:
         return {}
     old = json.loads(path.read_text())
     return old["results"] if old.get("setup") == setup else {}
+
+
+def seeds_on_disk(path: Path, setup: dict[str, Any]) -> dict[str, Any]:
+    """A sweep json's seeds measured under `setup` ({} if none, or another setup's)."""
+    old = json.loads(path.read_text()) if path.exists() else {}
+    return old.get("seeds", {}) if old.get("setup") == setup else {}
+
+
+def write_sweep(path: Path, result: dict[str, Any], new_seeds: dict[str, Any],
+                summarise: Callable[[dict[str, Any]], dict[str, Any]]) -> None:
+    """A budget sweep's json ({"setup", "seeds", ...}): adds `new_seeds` and the seeds another process wrote
+    meanwhile under the same setup (two seeds may run in two processes), then `summarise(seeds)`'s keys."""
+    from fedapp.results import atomic_write_json
+
+    with file_lock(path):
+        seeds = {**seeds_on_disk(path, result["setup"]), **result["seeds"], **new_seeds}
+        result["seeds"] = dict(sorted(seeds.items(), key=lambda kv: int(kv[0])))
+        result.update(summarise(result["seeds"]))
+        atomic_write_json(path, result)
+
+
+def add_sweep_arguments(p: Any, seeds: str) -> None:
+    """The options every budget sweep shares (pfdm-budget, dcfm-budget)."""
+    p.add_argument("--ref-epochs", type=int, default=8, help="epochs of the readers (fedapp.readers)")
+    p.add_argument("--seeds", default=seeds)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default="docs/results")
+
+
+def checkpoint_steps(text: str) -> list[int]:
+    """--steps "500,1000,2000": sorted, positive; one clear line otherwise."""
+    steps = sorted({int(s) for s in text.split(",") if s.strip()})
+    if not steps or steps[0] < 1:
+        raise SystemExit(f"--steps={text!r}: must be positive step counts, e.g. 500,1000,2000")
+    return steps
+
+
+def run_sweep(path: Path, setup: dict[str, Any], seeds: str, measure: Callable[[int], dict[str, Any]],
+              summarise: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
+    """Each seed of `seeds` not yet on disk under `setup` measured (`measure(seed)`) and written at once
+    (write_sweep): an interrupted sweep resumes, two processes may run two seeds. Returns the json."""
+    result = {"setup": setup, "seeds": seeds_on_disk(path, setup)}
+    for seed in (int(s) for s in seeds.split(",") if s):
+        if str(seed) not in result["seeds"]:
+            write_sweep(path, result, {str(seed): measure(seed)}, summarise)
+    write_sweep(path, result, {}, summarise)
+    return result

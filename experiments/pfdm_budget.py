@@ -14,7 +14,6 @@ test images. Writes <out>/pfdm_budget_<dataset>_<size>px[_uncond<p>][_ema<d>][_w
 from __future__ import annotations
 
 import argparse
-import json
 import time
 from pathlib import Path
 from typing import Any
@@ -22,9 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.common import (all_converged, check_cpu_budget, file_lock, generative_verdict, prog,
-                                quiet_logs)
-from fedapp.results import atomic_write_json
+from experiments.common import (add_sweep_arguments, all_converged, check_cpu_budget, checkpoint_steps,
+                                generative_verdict, prog, quiet_logs, run_sweep)
 
 
 def pooled_data(flat: dict[str, Any], clients: int):
@@ -128,24 +126,13 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def seeds_on_disk(path: Path, setup: dict[str, Any]) -> dict[str, Any]:
-    old = json.loads(path.read_text()) if path.exists() else {}
-    return old.get("seeds", {}) if old.get("setup") == setup else {}
-
-
-def write(path: Path, result: dict[str, Any], new_seeds: dict[str, Any]) -> None:
-    """Adds `new_seeds` and the seeds another process wrote meanwhile (same setup; two seeds can run in two
-    processes), then the budget, the verdict and the mean curve."""
-    with file_lock(path):
-        seeds = {**seeds_on_disk(path, result["setup"]), **result["seeds"], **new_seeds}
-        result["seeds"] = dict(sorted(seeds.items(), key=lambda kv: int(kv[0])))
-        result["budget"] = budget(result["seeds"])
-        result["verdict"] = verdict(result["seeds"])
-        checkpoints = [p["steps"] for p in next(iter(result["seeds"].values()))["points"]]
-        result["mean_sample_accuracy"] = {str(st): float(np.mean([s["points"][i]["sample_accuracy"]
-                                                                  for s in result["seeds"].values()]))
-                                          for i, st in enumerate(checkpoints)}  # at each seed's best scale
-        atomic_write_json(path, result)
+def summary(seeds: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """Budget, verdict and the mean curve over seeds (at each seed's best guidance scale)."""
+    checkpoints = [p["steps"] for p in next(iter(seeds.values()))["points"]]
+    return {"budget": budget(seeds), "verdict": verdict(seeds),
+            "mean_sample_accuracy": {str(st): float(np.mean([s["points"][i]["sample_accuracy"]
+                                                             for s in seeds.values()]))
+                                     for i, st in enumerate(checkpoints)}}
 
 
 def main(argv: list[str]) -> None:
@@ -163,14 +150,9 @@ def main(argv: list[str]) -> None:
     p.add_argument("--guidance", default="1", help="guidance scales to read at each checkpoint, e.g. 1,2,3")
     p.add_argument("--samples", type=int, default=400)
     p.add_argument("--sample-steps", type=int, default=40)
-    p.add_argument("--ref-epochs", type=int, default=8)
-    p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default="docs/results")
+    add_sweep_arguments(p, seeds="0,1,2")
     a = p.parse_args(argv)
-    steps = sorted({int(s) for s in a.steps.split(",") if s})
-    if not steps or steps[0] < 1:
-        raise SystemExit(f"--steps={a.steps!r}: must be positive step counts, e.g. 500,1000,2000")
+    steps = checkpoint_steps(a.steps)
     check_cpu_budget(1, a.threads)
     torch.set_num_threads(a.threads)
     quiet_logs()
@@ -184,11 +166,6 @@ def main(argv: list[str]) -> None:
     for key, default in (("p_uncond", 0.0), ("guidance", "1"), ("ema", 0.0)):
         if setup[key] == default:
             del setup[key]
-    result = {"setup": setup, "seeds": seeds_on_disk(path, setup)}
-    for seed in (int(s) for s in a.seeds.split(",") if s):
-        if str(seed) not in result["seeds"]:  # resume: a seed measured under the same setup is kept
-            row = sweep_seed(a, seed, steps)
-            write(path, result, {str(seed): row})
-    write(path, result, {})
+    result = run_sweep(path, setup, a.seeds, lambda seed: sweep_seed(a, seed, steps), summary)
     plot(result, path.with_suffix(".png"))
     print(f"budget: {result['budget']}")

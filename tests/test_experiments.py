@@ -34,7 +34,7 @@ def workdir(tmp_path):
 
 
 def test_every_experiment_is_listed():
-    assert available() == ["dcfm", "dcfm-toy", "espresso-ablation", "espresso-conditions", "feddifrc",
+    assert available() == ["dcfm", "dcfm-budget", "dcfm-toy", "espresso-ablation", "espresso-conditions", "feddifrc",
                            "feddifrc-budget", "feddifrc-signal", "pfdm", "pfdm-budget", "pfdm-handover", "recipe"]
 
 

@@ -91,7 +91,8 @@ def test_jobs_times_threads_must_fit_the_cores():
 
 @pytest.mark.parametrize("name, argv", [("dcfm", ["--threads", "3"]), ("feddifrc", ["--threads", "3"]),
                                         ("dcfm_toy", ["--threads", "3"]), ("espresso_conditions", ["--threads", "3"]),
-                                        ("espresso_ablation", ["--jobs", "2", "--threads", "2"])])
+                                        ("espresso_ablation", ["--jobs", "2", "--threads", "2"]),
+                                        ("pfdm_budget", ["--threads", "3"]), ("dcfm_budget", ["--threads", "3"])])
 def test_every_runner_with_threads_refuses_to_oversubscribe(monkeypatch, tmp_path, name, argv):
     import importlib
 
@@ -240,6 +241,32 @@ def test_pfdm_budget_sweep_trains_one_run_and_reads_each_checkpoint(tmp_path):
     assert 0 < out["seeds"]["0"]["reader_accuracy"] <= 1 and out["budget"]["steps"] is None  # 6 steps learn nothing
     assert out["verdict"]["converged"] is False and out["verdict"]["seeds"] == 1
     assert (tmp_path / "pfdm_budget_colored-digits_8px_uncond0.2.png").stat().st_size > 0
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_dcfm_budget_sweep_reads_one_experts_seen_pairs_at_each_checkpoint(tmp_path):
+    from experiments.dcfm_budget import budget, main
+
+    main(["--dataset", "colored-digits", "--image-size", "8", "--steps", "2,4", "--samples-per-pair", "2",
+          "--sample-steps", "2", "--ref-epochs", "1", "--width", "8", "--batch", "8", "--train", "client1",
+          "--out", str(tmp_path)])
+    out = json.loads((tmp_path / "dcfm_budget_colored-digits_8px_non-iid_client1_w8.json").read_text())
+    s = out["seeds"]["0"]
+    assert [q["steps"] for q in s["points"]] == [2, 4] and 0 < s["seen_pairs"] < 60  # a client lacks pairs
+    for q in s["points"]:
+        assert q["loss_fm"] > 0 and 0 <= q["seen_composition_accuracy"] <= min(q["seen_digit_accuracy"],
+                                                                              q["seen_color_accuracy"])
+    assert out["verdict"]["converged"] is False and out["budget"]["steps"] is None  # 4 steps learn nothing
+    assert (tmp_path / "dcfm_budget_colored-digits_8px_non-iid_client1_w8.png").stat().st_size > 0
+    with pytest.raises(SystemExit, match="--train='client9': must be pooled or client<k>"):
+        main(["--train", "client9", "--out", str(tmp_path)])
+    # the budget: the first checkpoint where every seed reads >= 90 %, readers judged by their thresholds
+    def seed(accs, digit=0.98, color=0.995):
+        return {"reader_accuracy": {"digit": digit, "color": color},
+                "points": [{"steps": k, "seen_composition_accuracy": v} for k, v in zip((1, 2, 3), accs)]}
+    assert budget({"0": seed([0.5, 0.91, 0.95]), "1": seed([0.6, 0.89, 0.92])}) == {
+        "steps": 3, "readers_reliable": True}
+    assert budget({"0": seed([0.95] * 3, color=0.98)})["readers_reliable"] is False
 
 
 def test_the_attacks_positive_control_memorises_by_construction_and_leaves_the_oracle_budget_alone():

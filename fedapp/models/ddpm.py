@@ -21,6 +21,7 @@ from torch.nn import functional as F
 
 from fedapp.privacy import clip_norm
 
+from .checkpoints import Checkpoints, OnCheckpoint
 from .nets import small_unet2d
 
 
@@ -234,15 +235,14 @@ def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag
                steps: int, batch: int = 64, lr: float = 2e-3, seed: int = 0, t_range: tuple[int, int] | None = None,
                source_t: int | None = None, device: str = "cpu", p_uncond: float = 0.0,
                ema: float = 0.0, checkpoints: Iterable[int] = (),
-               on_checkpoint: Callable[[int, DDPM, float], None] | None = None) -> float:
+               on_checkpoint: OnCheckpoint | None = None) -> float:
     """`steps` Adam steps on minibatches drawn uniformly from (x, y, flag), all draws seeded; returns the
     mean loss of the last 10% of steps. p_uncond > 0: each label is replaced by the null class (-1) with that
     probability, so that the model also learns eps_u for classifier-free guidance (DDPM.guided_eps).
     ema > 0: the model ends with the exponential moving average of its weights over the steps, at that
     decay (torch.optim.swa_utils; DDPM's usual 0.999 to 0.9999), instead of the last step's.
-    on_checkpoint(k, model, loss) after step k of `checkpoints`, in eval mode, with the weights the run would
-    end with there (the EMA's) and the mean loss of its last 10% of steps: a budget sweep reads one
-    continuous run (its optimiser and average carried on), not restarts."""
+    on_checkpoint(k, model, loss) after step k of `checkpoints` (fedapp.models.checkpoints), with the weights
+    the run would end with there (the EMA's): a budget sweep reads one continuous run, not restarts."""
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
     model.to(device).train()
@@ -251,7 +251,7 @@ def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag
     averaged = AveragedModel(model, multi_avg_fn=get_ema_multi_avg_fn(ema)) if ema > 0 else None
     t_range = t_range or (0, model.T)
     tail = LossTail(steps)
-    checkpoints, seen = set(checkpoints), []
+    ckpt = Checkpoints(checkpoints, on_checkpoint)
     for step in range(steps):
         idx = torch.randint(0, len(x), (min(batch, len(x)),), generator=g)
         yb = None if y is None else y[idx].to(device)
@@ -265,13 +265,7 @@ def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag
         if averaged is not None:
             averaged.update_parameters(model)
         tail.add(step, loss)
-        if on_checkpoint is not None and checkpoints:
-            seen.append(loss.item())
-            if step + 1 in checkpoints:
-                read = model if averaged is None else averaged.module
-                read.eval()
-                on_checkpoint(step + 1, read, sum(seen[-max(1, (step + 1) // 10):]) / max(1, (step + 1) // 10))
-                model.train()
+        ckpt.step(step + 1, loss.item(), model if averaged is None else averaged.module, model)
     if averaged is not None:
         model.load_state_dict(averaged.module.state_dict())
     model.eval()
