@@ -29,7 +29,7 @@ from .pipeline import Prior, load_components
 
 log = logging.getLogger("fedapp")
 
-ALLOWED = ("allowed: 'tiny', 'tiny:<dataset>' (either + '@<domain>[+<domain>...]'), "
+ALLOWED = ("allowed: 'tiny', 'tiny:<dataset>', 'tiny-sd', 'tiny-sd:<dataset>' (each + '@<domain>[+<domain>...]'), "
            "a local folder with unet/, text_encoder/, tokenizer/, "
            "scheduler/ (vae/ optional), or a Hugging Face id such as 'runwayml/stable-diffusion-v1-5'")
 REQUIRED = ("unet", "text_encoder", "tokenizer", "scheduler")  # vae/ is optional: pixel space without it
@@ -41,6 +41,7 @@ class PriorSource:
     location: str  # the folder (tiny: its cache folder, which may not be built yet) or the hub id
     dataset: str | None = None  # tiny: the dataset it is trained on
     domains: tuple[str, ...] | None = None  # tiny: the domains of its training images (None: all)
+    latent: bool = False  # tiny-sd: a latent prior (VAE + UNet on 8x8x4 latents of 32 px images)
 
     @property
     def folder(self) -> Path | None:
@@ -48,15 +49,25 @@ class PriorSource:
         return None if self.kind == "hub" else Path(self.location)
 
 
-def tiny_image_size(dataset: str) -> int:
-    """The size the tiny prior of `dataset` is built at: the dataset's native size."""
+def tiny_image_size(dataset: str, latent: bool = False) -> int:
+    """The size the tiny prior of `dataset` is built at: the dataset's native size (tiny-sd: 32, resized)."""
     from feddata import native_size
 
-    return native_size(dataset)
+    from .tiny.config import LATENT_IMAGE_SIZE
+
+    return LATENT_IMAGE_SIZE if latent else native_size(dataset)
 
 
 def is_tiny(spec: str | Path) -> bool:
-    return str(spec) == "tiny" or str(spec).startswith(("tiny:", "tiny@"))
+    return str(spec) in ("tiny", "tiny-sd") or str(spec).startswith(("tiny:", "tiny@", "tiny-sd:", "tiny-sd@"))
+
+
+def _tiny_build_args(src: PriorSource) -> dict[str, Any]:
+    """What build_tiny_prior / tiny_prior_path take besides the dataset, for a resolved tiny(-sd) spec."""
+    from .tiny.config import LATENT_CONFIG, TinyVaeConfig
+
+    return {"image_size": tiny_image_size(src.dataset, src.latent), "domains": src.domains,
+            **({"config": LATENT_CONFIG, "vae": TinyVaeConfig()} if src.latent else {})}
 
 
 def resolve_prior(spec: str | Path, dataset: str | None = None, cache_dir: str | Path | None = None) -> PriorSource:
@@ -67,24 +78,64 @@ def resolve_prior(spec: str | Path, dataset: str | None = None, cache_dir: str |
         from .tiny import DEFAULT_DATASET, tiny_prior_path
 
         name, _, doms = spec.partition("@")
-        ds = name.partition(":")[2] or dataset or DEFAULT_DATASET
+        kind, _, ds = name.partition(":")
+        ds = ds or dataset or DEFAULT_DATASET
         try:
+            check_public_split(ds)
             domains = tiny_domains(ds, doms) if "@" in spec else None
         except ValueError as err:
             raise ValueError(f"prior={spec!r}: {err}") from None
-        # built at the dataset's native size (16 for the 8x8 sets, 28 for the MNIST sets)
-        folder = tiny_prior_path(ds, tiny_image_size(ds), cache_dir=cache_dir, domains=domains)
-        return PriorSource("tiny", str(folder), ds, domains)
+        # tiny: built at the dataset's native size (16 for the 8x8 sets, 28 for the MNIST sets); tiny-sd at 32
+        src = PriorSource("tiny", "", ds, domains, latent=kind == "tiny-sd")
+        args = _tiny_build_args(src)
+        folder = tiny_prior_path(ds, args.pop("image_size"), cache_dir=cache_dir, **args)
+        return PriorSource("tiny", str(folder), ds, domains, src.latent)
     path = Path(spec).expanduser()
     if path.is_dir():
         missing = [s for s in REQUIRED if not (path / s).is_dir()]
         if missing:
             raise ValueError(f"prior={spec!r}: folder lacks {', '.join(m + '/' for m in missing)}; {ALLOWED}")
+        why = vae_unet_mismatch(path)
+        if why:
+            raise ValueError(f"prior={spec!r}: {why}")
         return PriorSource("folder", str(path))
     # a path-like spec that is no folder is a typo, not a hub id: say so rather than ask the hub
     if spec.startswith((".", "/", "~")) or not re.fullmatch(r"[\w.-]+/[\w.-]+", spec):
         raise ValueError(f"prior={spec!r}: no such folder and not a known name; {ALLOWED}")
     return PriorSource("hub", spec)
+
+
+def vae_unet_mismatch(folder: Path) -> str | None:
+    """Why the folder's vae/ cannot feed its unet/ (latent channels, latent side), from their configs; None
+    when it can or when there is no vae/ (pixel space) or a config is unreadable (from_pretrained says why)."""
+    import json
+
+    try:
+        vae = json.loads((folder / "vae" / "config.json").read_text())
+        unet = json.loads((folder / "unet" / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if vae.get("latent_channels") != unet.get("in_channels"):
+        return (f"vae/ makes {vae.get('latent_channels')}-channel latents but unet/ takes {unet.get('in_channels')} "
+                "channels (latent_channels must equal in_channels)")
+    size, side = vae.get("sample_size"), unet.get("sample_size")
+    side = side[0] if isinstance(side, (list, tuple)) else side
+    size = size[0] if isinstance(size, (list, tuple)) else size
+    factor = 2 ** (len(vae.get("block_out_channels", [0])) - 1)
+    if isinstance(size, int) and isinstance(side, int) and size // factor != side:
+        return (f"vae/ encodes {size} px images to {size // factor}x{size // factor} latents but unet/ has "
+                f"sample_size {side} (vae sample_size / {factor} must equal unet sample_size)")
+    return None
+
+
+def check_public_split(dataset: str) -> None:
+    """A tiny prior trains on the dataset's public split: a built-in set, a hub alias, or a local folder has
+    one here; a bare hub id might not be decodable offline, so it is refused before anything starts."""
+    from feddata import DATASETS
+
+    if dataset not in DATASETS and not Path(dataset).expanduser().is_dir():
+        raise ValueError(f"dataset {dataset!r} has no public split here to train a tiny prior on; allowed: "
+                         f"{', '.join(DATASETS)} or a local dataset folder")
 
 
 def tiny_domains(dataset: str, spec: str) -> tuple[str, ...]:
@@ -121,7 +172,7 @@ def prior_image_size(spec: str | Path, dataset: str | None = None, cache_dir: st
     prior that is not built yet has the size it will be built at."""
     src = resolve_prior(spec, dataset, cache_dir)
     if src.kind == "tiny" and not src.folder.is_dir():
-        return tiny_image_size(src.dataset)
+        return tiny_image_size(src.dataset, src.latent)
     unet = _config_json(src, "unet")
     if unet is None:
         raise ValueError(f"prior={str(spec)!r}: no unet/config.json")
@@ -148,9 +199,9 @@ def prior_up_blocks(spec: str | Path, dataset: str | None = None, cache_dir: str
     """How many decoder up-blocks the prior's UNet has, from its config (no weights loaded)."""
     src = resolve_prior(spec, dataset, cache_dir)
     if src.kind == "tiny" and not src.folder.is_dir():
-        from .tiny.config import TinyPriorConfig
+        from .tiny.config import LATENT_CONFIG, TinyPriorConfig
 
-        return len(TinyPriorConfig().block_out_channels)
+        return len((LATENT_CONFIG if src.latent else TinyPriorConfig()).block_out_channels)
     unet = _config_json(src, "unet")
     if unet is None:
         raise ValueError(f"prior={str(spec)!r}: no unet/config.json")
@@ -175,7 +226,8 @@ def load_prior(name_or_path: str | Path, device: str | torch.device = "cpu", dty
     src = resolve_prior(spec, dataset, cache_dir)
     if src.kind == "tiny" and not src.folder.is_dir():
         raise ValueError(f"prior={spec!r}: the tiny prior for dataset {src.dataset!r} is not built yet at "
-                         f"{src.folder}; build it with `python -m fedapp.models.prior.tiny --dataset {src.dataset}`")
+                         f"{src.folder}; build it with `python -m fedapp.models.prior.tiny --dataset {src.dataset}"
+                         f"{' --latent' if src.latent else ''}`")
     if src.kind != "hub":
         return load_components(src.location, device, dtype)
     try:
@@ -202,7 +254,7 @@ def ensure_prior_built(spec: str | Path, dataset: str | None, cache_dir: str | P
 
     with around():
         log.info("building the tiny prior for %s (once; cached for later runs)", src.dataset)
-        build_tiny_prior(src.dataset, tiny_image_size(src.dataset), cache_dir=cache_dir, domains=src.domains)
+        build_tiny_prior(src.dataset, cache_dir=cache_dir, **_tiny_build_args(src))
     return True
 
 

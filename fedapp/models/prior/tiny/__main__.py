@@ -2,6 +2,7 @@
 
     python -m fedapp.models.prior.tiny --dataset digit-styles    # build (cached) + evaluate
     python -m fedapp.models.prior.tiny --dataset digits --no-eval --set lr=3e-3
+    python -m fedapp.models.prior.tiny --dataset mnist-5k --latent   # tiny-sd: VAE + UNet on latents, 32 px
 
 Writes the prior into its cache folder, its measured figures into prior_meta.json there and, unless
 --docs '', the sample grid and figures into docs/results/tiny_prior_<dataset>.png/.json.
@@ -20,14 +21,15 @@ from pathlib import Path
 import torch
 
 from .cache import write_json
-from .config import DEFAULT_DATASET, DEFAULT_STEPS, TinyPriorConfig
+from .config import DEFAULT_DATASET, DEFAULT_STEPS, LATENT_CONFIG, LATENT_IMAGE_SIZE, TinyPriorConfig, TinyVaeConfig
 from .evaluate import evaluate_tiny_prior
 from .train import build_tiny_prior
 
 
-def parse_overrides(items: list[str]) -> TinyPriorConfig:
-    """["lr=3e-3", "block_out_channels=32,64,64"] -> TinyPriorConfig with those fields replaced."""
-    base = TinyPriorConfig()
+def parse_overrides(items: list[str], base=None):
+    """["lr=3e-3", "block_out_channels=32,64,64"] -> `base` (a config dataclass, default TinyPriorConfig())
+    with those fields replaced."""
+    base = base if base is not None else TinyPriorConfig()
     changes = {}
     for item in items:
         key, _, value = item.partition("=")
@@ -69,14 +71,19 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: auto from the load)")
     p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="override TinyPriorConfig fields (tuning), e.g. --set lr=3e-3 batch_size=128")
+    p.add_argument("--latent", action="store_true",
+                   help="tiny-sd: an AutoencoderKL, then the UNet on its 8x8x4 latents of 32 px images")
+    p.add_argument("--vae-set", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="with --latent: override TinyVaeConfig fields, e.g. --vae-set steps=3000")
     a = p.parse_args(argv)
-    config = parse_overrides(a.set)
+    config = parse_overrides(a.set, LATENT_CONFIG if a.latent else None)
+    vae = parse_overrides(a.vae_set, TinyVaeConfig()) if a.latent else None
     torch.set_num_threads(a.threads or auto_threads())
     print(f"torch threads: {torch.get_num_threads()} (load average {os.getloadavg()[0]:.1f}, {os.cpu_count()} cores)")
     t0 = time.time()
     from feddata import native_size
 
-    size = a.image_size or native_size(a.dataset)
+    size = a.image_size or (LATENT_IMAGE_SIZE if a.latent else native_size(a.dataset))
     domains = None
     if a.domains is not None:
         from fedapp.models.prior.spec import tiny_domains
@@ -85,7 +92,7 @@ def main(argv: list[str] | None = None) -> None:
             domains = tiny_domains(a.dataset, a.domains)
         except ValueError as err:
             p.error(f"--domains {err}")
-    folder = build_tiny_prior(a.dataset, size, a.steps, a.seed, a.cache_dir, config=config, domains=domains)
+    folder = build_tiny_prior(a.dataset, size, a.steps, a.seed, a.cache_dir, config=config, domains=domains, vae=vae)
     build_seconds = time.time() - t0
     print(f"prior: {folder} ({build_seconds:.0f} s this call)")
     if a.no_eval:
@@ -100,7 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.docs:
         docs = Path(a.docs)
         docs.mkdir(parents=True, exist_ok=True)
-        name = a.dataset + (f"@{'+'.join(sorted(domains))}" if domains else "")  # a domain prior beside the full one
+        # a domain prior beside the full one, a latent one beside the pixel one
+        name = a.dataset + (f"@{'+'.join(sorted(domains))}" if domains else "") + ("-sd" if a.latent else "")
         shutil.copyfile(folder / "samples.png", docs / f"tiny_prior_{name}.png")
         write_json(docs / f"tiny_prior_{name}.json", {"folder": folder.name, **meta})
 

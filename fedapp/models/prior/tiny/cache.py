@@ -20,7 +20,7 @@ from typing import Callable
 import torch
 
 from ...cache import cache_home
-from .config import CODE_VERSION, DEFAULT_IMAGE_SIZE, DEFAULT_STEPS, TinyPriorConfig
+from .config import CODE_VERSION, DEFAULT_IMAGE_SIZE, DEFAULT_STEPS, TinyPriorConfig, TinyVaeConfig
 
 
 def cache_root(cache_dir: str | Path | None = None) -> Path:
@@ -31,11 +31,13 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
 
 
 def _key(dataset: str, image_size: int, steps: int, seed: int, config: TinyPriorConfig, data_hash: str = "",
-         domains: tuple[str, ...] | None = None) -> str:
+         domains: tuple[str, ...] | None = None, vae: TinyVaeConfig | None = None) -> str:
     facts = {"config": asdict(config), "dataset": dataset, "image_size": image_size, "steps": steps, "seed": seed,
              "code": CODE_VERSION, "data": data_hash}
     if domains is not None:  # only then: a prior of all domains keeps the key (and folder) it always had
         facts["domains"] = sorted(domains)
+    if vae is not None:  # tiny-sd; pixel priors keep their keys
+        facts["vae"] = asdict(vae)
     return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
 
 
@@ -48,12 +50,15 @@ def hash_data(x: torch.Tensor, y: torch.Tensor, class_names: list[str]) -> str:
 
 def tiny_prior_path(dataset: str, image_size: int = DEFAULT_IMAGE_SIZE, steps: int = DEFAULT_STEPS, seed: int = 0,
                     cache_dir: str | Path | None = None, config: TinyPriorConfig | None = None,
-                    data_hash: str = "", domains: tuple[str, ...] | None = None) -> Path:
+                    data_hash: str = "", domains: tuple[str, ...] | None = None,
+                    vae: TinyVaeConfig | None = None) -> Path:
     """The cache folder `<root>/<dataset>-<hash>` of that build (it may not exist yet); a prior trained
-    on some domains only is `<root>/<dataset>@<domain>+...-<hash>`."""
+    on some domains only is `<root>/<dataset>@<domain>+...-<hash>`; a latent one (tiny-sd, with `vae`)
+    `<root>/<dataset>[@...]-sd-<hash>`."""
     config = config or TinyPriorConfig()
-    name = dataset + (f"@{'+'.join(sorted(domains))}" if domains is not None else "")
-    return cache_root(cache_dir) / f"{name}-{_key(dataset, image_size, steps, seed, config, data_hash, domains)}"
+    name = dataset + (f"@{'+'.join(sorted(domains))}" if domains is not None else "") + ("-sd" if vae else "")
+    key = _key(dataset, image_size, steps, seed, config, data_hash, domains, vae)
+    return cache_root(cache_dir) / f"{name}-{key}"
 
 
 def write_json(path: Path, obj) -> None:

@@ -12,6 +12,7 @@ CODE_VERSION = "2"  # bump when training code changes what a cached prior contai
 DEFAULT_STEPS = 500
 DEFAULT_IMAGE_SIZE = 16  # pixels per side of a build when none is asked for
 DEFAULT_DATASET = "digit-styles"  # what `tiny` alone names
+LATENT_IMAGE_SIZE = 32  # tiny-sd: images of every dataset are resized (bilinear) to 32 px -> 8x8x4 latents
 
 
 @dataclass(frozen=True)
@@ -53,3 +54,23 @@ class TinyPriorConfig:
 # A much smaller architecture for tests (a forward pass costs milliseconds).
 TEST_CONFIG = TinyPriorConfig(block_out_channels=(16, 32), attention_heads=2, text_hidden=32, text_layers=1,
                               text_heads=2, batch_size=16)
+
+
+@dataclass(frozen=True)
+class TinyVaeConfig:
+    """tiny-sd's AutoencoderKL (SD's VAE at toy size): len(block_out_channels) down-blocks, each but the last
+    halving the side (3 blocks: 32 px -> 8x8), `latent_channels` = 4 as SD's; trained on MSE + kl_weight * KL
+    (mean per element; SD adds LPIPS and a GAN, which a 32 px digit does not need)."""
+    block_out_channels: tuple[int, ...] = (32, 64, 64)
+    latent_channels: int = 4
+    layers_per_block: int = 1
+    norm_num_groups: int = 8
+    batch_size: int = 64
+    lr: float = 1e-3
+    steps: int = 1500
+    kl_weight: float = 1e-4
+
+
+# tiny-sd's UNet on 8x8x4 latents: two levels (8, 4), cross-attention at 4x4; otherwise the tiny recipe
+LATENT_CONFIG = TinyPriorConfig(block_out_channels=(64, 128))
+TEST_VAE_CONFIG = TinyVaeConfig(block_out_channels=(8, 16, 16), norm_num_groups=4, batch_size=16, steps=4)

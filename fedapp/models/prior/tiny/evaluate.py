@@ -38,6 +38,7 @@ def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
                      train=(x, y), test=test)
     ref_seconds = time.time() - t0
     prior = load_components(folder)
+    recon = {} if prior.vae is None else vae_reconstruction(prior, ref, server.test if data is None else test)
     prompts = class_prompts(dataset, class_names)
     labels = torch.arange(len(class_names)).repeat_interleave(per_class)
     noise = torch.randn(len(labels), *prior.latent_shape, generator=torch.Generator().manual_seed(seed))
@@ -61,4 +62,15 @@ def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
             "samples_per_class": per_class, "sample_steps": num_steps,
             "reference_classifier_seconds": round(ref_seconds, 1),
             "reference_classifier": f"SmallCNN, {classifier_epochs} epochs on the real images outside the test split",
-            "reference_test_accuracy": round(ref.held_out_accuracy, 4), **reader_metrics([ref])}
+            "reference_test_accuracy": round(ref.held_out_accuracy, 4), **recon, **reader_metrics([ref])}
+
+
+def vae_reconstruction(prior, ref, test, limit: int = 1000) -> dict:
+    """A latent prior's VAE round trip D(E(x)) on up to `limit` held-out test images: the reader's accuracy
+    on the reconstructions (beside its accuracy on the originals) and their mean squared error."""
+    x, y = test if isinstance(test, tuple) else (test.x, test.y)
+    x, y = x[:limit].float(), y[:limit].long()
+    rec = prior.decode_latents(prior.encode_images(x))
+    return {"vae_reconstruction_accuracy": round(accuracy(ref.model, rec, y), 4),
+            "vae_original_accuracy": round(accuracy(ref.model, x, y), 4),
+            "vae_reconstruction_mse": round(float((rec - x).pow(2).mean()), 5)}

@@ -19,8 +19,9 @@ from torch.nn import functional as F
 from ...text import class_prompts, prompt_words
 from ..pipeline import diffusion_target, save_components
 from .cache import hash_data, publish, tiny_prior_path, write_json
-from .config import CODE_VERSION, DEFAULT_IMAGE_SIZE, DEFAULT_STEPS, TinyPriorConfig
+from .config import CODE_VERSION, DEFAULT_IMAGE_SIZE, DEFAULT_STEPS, LATENT_CONFIG, TinyPriorConfig, TinyVaeConfig
 from .modules import build_modules
+from .vae import encode_means, train_vae
 
 
 def public_data(dataset: str, image_size: int = DEFAULT_IMAGE_SIZE, seed: int = 0,
@@ -138,16 +139,19 @@ def train_tiny_prior(x: torch.Tensor, y: torch.Tensor, prompts: list[str], confi
 
 def build_tiny_prior(dataset: str, image_size: int = DEFAULT_IMAGE_SIZE, steps: int = DEFAULT_STEPS, seed: int = 0,
                      cache_dir: str | Path | None = None, progress: bool = True, *,
-                     config: TinyPriorConfig | None = None, data=None, domains: tuple[str, ...] | None = None) -> Path:
+                     config: TinyPriorConfig | None = None, data=None, domains: tuple[str, ...] | None = None,
+                     vae: TinyVaeConfig | None = None) -> Path:
     """Train (or find cached) the tiny prior of `dataset`; returns its folder.
 
     data: optional (x, y, class_names) replacing feddata's public split (tests); it then enters the
     cache key through a hash of its contents. domains: train on the public images of these domains
-    only (their own cache key). The folder appears whole or not at all (cache.publish).
+    only (their own cache key). vae: tiny-sd, a latent prior: an AutoencoderKL is trained first (vae.py)
+    and the UNet (config default LATENT_CONFIG) on its scaled posterior means; saved with vae/ as SD is.
+    The folder appears whole or not at all (cache.publish).
     """
-    config = config or TinyPriorConfig()
+    config = config or (LATENT_CONFIG if vae is not None else TinyPriorConfig())
     folder = tiny_prior_path(dataset, image_size, steps, seed, cache_dir, config,
-                             hash_data(*data) if data is not None else "", domains)
+                             hash_data(*data) if data is not None else "", domains, vae)
     if (folder / "prior_meta.json").is_file():
         return folder
     x, y, class_names = data if data is not None else public_data(dataset, image_size, seed, domains)
@@ -155,13 +159,20 @@ def build_tiny_prior(dataset: str, image_size: int = DEFAULT_IMAGE_SIZE, steps: 
     if x.shape[-1] != image_size:
         raise ValueError(f"image_size={image_size}: data has {tuple(x.shape[-2:])} images")
     prompts = class_prompts(dataset, class_names)
-    tokenizer, text_encoder, unet, scheduler, facts = train_tiny_prior(x, y, prompts, config, steps, seed, progress)
+    autoencoder, vae_facts = train_vae(x, vae, seed, progress) if vae is not None else (None, {})
+    z = x if autoencoder is None else encode_means(autoencoder, x) * autoencoder.config.scaling_factor
+    tokenizer, text_encoder, unet, scheduler, facts = train_tiny_prior(z, y, prompts, config, steps, seed, progress)
+    if autoencoder is not None:
+        # latents are not bounded to [-1, 1] (SD: no clipping); steps_offset 1 as SD-1.5 (and as
+        # StableDiffusionPipeline rewrites a 0 to), so that both samplers step through the same timesteps
+        scheduler.register_to_config(clip_sample=False, steps_offset=1)
     meta = {"dataset": dataset, "domains": sorted(domains) if domains is not None else "all",
             "image_size": image_size, "seed": seed, "class_names": class_names,
-            "prompts": prompts, "config": asdict(config), "code_version": CODE_VERSION, **facts}
+            "prompts": prompts, "config": asdict(config), "code_version": CODE_VERSION, **facts,
+            **({"latent": True, "vae_config": asdict(vae), **vae_facts} if vae is not None else {})}
 
     def write(tmp: Path) -> None:
-        save_components(tmp, tokenizer, text_encoder, unet, scheduler)
+        save_components(tmp, tokenizer, text_encoder, unet, scheduler, autoencoder)
         write_json(tmp / "prior_meta.json", meta)
 
     return publish(folder, write)
