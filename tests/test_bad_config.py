@@ -4,6 +4,9 @@ client starts: through `fedapp.simulate` (Ray never starts) and through the Serv
 
 from __future__ import annotations
 
+import json
+import logging
+
 import pytest
 
 import fedapp
@@ -147,6 +150,21 @@ def test_node_waiting_is_bounded_by_node_timeout(tmp_path):
     flat = {**all_defaults(), "min-clients": 5, "node-timeout": 0.5, "out-dir": str(tmp_path), "run-name": "r"}
     with pytest.raises(RuntimeError, match=r"min-clients=5: only 4 nodes connected within node-timeout=0.5 s"):
         run_server(_NoClientWork(), flat)
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["status"] == "failed" and "node-timeout=0.5 s" in summary["error"]
+
+
+def test_waiting_for_nodes_says_how_many_are_connected_until_it_gives_up(caplog):
+    from fedapp.server import wait_for_nodes
+
+    class Three:
+        def get_node_ids(self):
+            return [1, 2, 3]
+
+    with caplog.at_level(logging.INFO, logger="fedapp"), pytest.raises(RuntimeError, match="only 3 nodes"):
+        wait_for_nodes(Three(), 5, timeout=0.35, poll=0.01, report=0.1)
+    lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("waiting for 5 nodes")]
+    assert 2 <= len(lines) <= 4 and all(": 3 connected (" in m and "node-timeout=0.35 s" in m for m in lines)
 
 
 @pytest.mark.parametrize("flat, key", [({"method": "feddifrc", "prior": "fedapp-tests/no-such-pipeline"}, "prior"),

@@ -136,14 +136,20 @@ def make_messages(node_ids: Iterable[int], message_type: str,
     return [Message(content=content_for(n), message_type=message_type, dst_node_id=n) for n in node_ids]
 
 
-def wait_for_nodes(grid: Any, n: int, timeout: float = 600.0, poll: float = 1.0) -> list[int]:
-    """Block until at least `n` nodes are connected (deployment nodes join over time)."""
-    t0 = time.time()
+def wait_for_nodes(grid: Any, n: int, timeout: float = 600.0, poll: float = 1.0, report: float = 10.0) -> list[int]:
+    """Block until at least `n` nodes are connected (deployment nodes join over time), saying every `report`
+    seconds how many are, and failing in one line after `timeout` seconds: waiting is never silent."""
+    t0 = last = time.time()
     while True:
         nodes = sorted(grid.get_node_ids())
         if len(nodes) >= n:
             return nodes
-        if time.time() - t0 > timeout:
+        now = time.time()
+        if now - t0 > timeout:
             raise RuntimeError(f"min-clients={n}: only {len(nodes)} nodes connected within node-timeout="
                                f"{timeout:g} s")
+        if now - last >= report:
+            last = now
+            log.info("waiting for %d nodes: %d connected (%.0f s of node-timeout=%g s)", n, len(nodes), now - t0,
+                     timeout)
         time.sleep(poll)
