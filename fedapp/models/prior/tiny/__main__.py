@@ -98,7 +98,8 @@ def main(argv: list[str] | None = None) -> None:
     if a.no_eval:
         return
     meta = json.loads((folder / "prior_meta.json").read_text())
-    meta.update(evaluate_tiny_prior(folder, a.dataset, seed=a.seed))
+    # a latent prior's samples are read at the dataset's native size, by the reader of the pixel prior
+    meta.update(evaluate_tiny_prior(folder, a.dataset, seed=a.seed, read_size=native_size(a.dataset)))
     write_json(folder / "prior_meta.json", meta)
     print(f"train {meta['seconds']} s, {meta['steps']} steps, final loss {meta['final_loss']}; "
           f"sample accuracy {meta['sample_accuracy']:.1%} at guidance {meta['sample_guidance']} "

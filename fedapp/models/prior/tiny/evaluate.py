@@ -17,18 +17,21 @@ from .train import server_split
 
 def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
                         guidances: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0, 5.0), num_steps: int = 25,
-                        seed: int = 0, data=None, test=None, classifier_epochs: int = 30) -> dict:
+                        seed: int = 0, data=None, test=None, classifier_epochs: int = 30,
+                        read_size: int | None = None) -> dict:
     """Share of class-prompted samples that a reference classifier (a fedapp.readers reader trained on the
     dataset's real images outside its test split) labels as the prompted class, per guidance; saves samples.png
     (rows = classes). `data` = (x, y, class_names) replaces those training images, `test` = (x, y) the
-    held-out test split."""
+    held-out test split. read_size: the side the reader reads at (samples resized to it; default the prior's):
+    tiny-sd's 32 px samples read at 28 by the reader that reads the 28 px pixel prior, the same reader."""
     from fedapp.readers import reader, reader_metrics, server_reader
 
     folder = Path(folder)
     meta = json.loads((folder / "prior_meta.json").read_text())
+    read_size = read_size or meta["image_size"]
     t0 = time.time()
     if data is None:
-        server = server_split(dataset, meta["image_size"], meta["seed"])
+        server = server_split(dataset, read_size, meta["seed"])
         ref, class_names = server_reader(server, seed, epochs=classifier_epochs), list(server.info.class_names)
     else:
         if test is None:
@@ -38,7 +41,11 @@ def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
                      train=(x, y), test=test)
     ref_seconds = time.time() - t0
     prior = load_components(folder)
-    recon = {} if prior.vae is None else vae_reconstruction(prior, ref, server.test if data is None else test)
+    if prior.vae is None:
+        recon = {}
+    else:  # the prior encodes test images at its own size; the reader reads the result at read_size
+        held_out = server_split(dataset, meta["image_size"], meta["seed"]).test if data is None else test
+        recon = vae_reconstruction(prior, ref, held_out, read_size)
     prompts = class_prompts(dataset, class_names)
     labels = torch.arange(len(class_names)).repeat_interleave(per_class)
     noise = torch.randn(len(labels), *prior.latent_shape, generator=torch.Generator().manual_seed(seed))
@@ -47,7 +54,7 @@ def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
     for g in guidances:
         t1 = time.time()
         out = prior.sample(noise, cond, num_steps=num_steps, guidance=g)
-        acc = accuracy(ref.model, out.images, labels)
+        acc = accuracy(ref.model, resized(out.images, read_size), labels)
         result[str(g)] = {"accuracy": round(acc, 4), "seconds": round(time.time() - t1, 1)}
         if best is None or acc > best[1]:
             best = (g, acc, out.images)
@@ -55,7 +62,7 @@ def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
     # Z-sampling at the best guidance (gamma2 = 0, T_z = 800), from the same noise
     t1 = time.time()
     zz = prior.sample(noise, cond, num_steps=num_steps, guidance=best[0], sampler="zigzag")
-    zigzag = {"accuracy": round(accuracy(ref.model, zz.images, labels), 4),
+    zigzag = {"accuracy": round(accuracy(ref.model, resized(zz.images, read_size), labels), 4),
               "unet_evals": zz.unet_evals, "seconds": round(time.time() - t1, 1)}
     return {"sample_accuracy": round(best[1], 4), "sample_guidance": best[0], "accuracy_by_guidance": result,
             "zigzag": zigzag,
@@ -65,12 +72,20 @@ def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
             "reference_test_accuracy": round(ref.held_out_accuracy, 4), **recon, **reader_metrics([ref])}
 
 
-def vae_reconstruction(prior, ref, test, limit: int = 1000) -> dict:
+def resized(x: torch.Tensor, size: int) -> torch.Tensor:
+    """Images at `size` px (bilinear, antialiased as feddata resizes); unchanged when already there."""
+    if x.shape[-1] == size:
+        return x
+    return torch.nn.functional.interpolate(x.float(), size=(size, size), mode="bilinear", align_corners=False,
+                                           antialias=True)
+
+
+def vae_reconstruction(prior, ref, test, read_size: int, limit: int = 1000) -> dict:
     """A latent prior's VAE round trip D(E(x)) on up to `limit` held-out test images: the reader's accuracy
-    on the reconstructions (beside its accuracy on the originals) and their mean squared error."""
+    on the reconstructions and on the originals (both at read_size), and their mean squared error."""
     x, y = test if isinstance(test, tuple) else (test.x, test.y)
     x, y = x[:limit].float(), y[:limit].long()
     rec = prior.decode_latents(prior.encode_images(x))
-    return {"vae_reconstruction_accuracy": round(accuracy(ref.model, rec, y), 4),
-            "vae_original_accuracy": round(accuracy(ref.model, x, y), 4),
-            "vae_reconstruction_mse": round(float((rec - x).pow(2).mean()), 5)}
+    return {"vae_reconstruction_accuracy": round(accuracy(ref.model, resized(rec, read_size), y), 4),
+            "vae_original_accuracy": round(accuracy(ref.model, resized(x, read_size), y), 4),
+            "vae_reconstruction_mse": round(float((rec - x).pow(2).mean()), 5), "read_at": read_size}
