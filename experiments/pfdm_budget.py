@@ -118,7 +118,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     ax.set_ylabel("samples read as requested (%)")
     st = result["setup"]
     ax.set_title(f"{st['dataset']} {st['image_size']} px, width {st['channels']}, "
-                 f"label dropout {st.get('p_uncond', 0.0)}", fontsize=9)
+                 f"label dropout {st.get('p_uncond', 0.0)}, EMA {st.get('ema', 0.0)}", fontsize=9)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7)
     fig.tight_layout()
