@@ -32,7 +32,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.common import check_configs, check_cpu_budget, config_errors_exit, parse_set, prog, quiet_logs
+from experiments.common import (check_configs, check_cpu_budget, config_errors_exit, paired_difference, paired_text,
+                                parse_set, prog, quiet_logs)
 from fedapp.results import atomic_write_json
 
 ROWS = [  # name, method, switches (conditions, init, sampler); None: the oracle ceiling
@@ -232,6 +233,20 @@ def table(per_seed: dict[str, dict], domains: list[str]) -> tuple[str, dict]:
     return "\n".join(lines), summary
 
 
+# The paper's steps (Espresso, DomainNet: prompts 64.0 -> C 73.5 -> C+G+Z 75.3), as same-seed differences
+STEPS = (("C", "Prompts-only"), ("C+G", "C"), ("C+G+Z", "C+G"), ("C+G+Z", "class-embed"))
+
+
+def paired_steps(per_seed: dict[str, dict]) -> dict[str, dict]:
+    """Each of STEPS as the same-seed difference of mean domain accuracy (points; experiments.common's
+    paired_difference: mean, std, seeds paired, seeds favouring the row)."""
+    def by_seed(row: str) -> dict[str, float]:
+        return {s: 100 * r["results"][row]["mean_domain_accuracy"] for s, r in per_seed.items()
+                if row in r.get("results", {})}
+
+    return {f"{a} - {b}": paired_difference(by_seed(a), by_seed(b), True) for a, b in STEPS}
+
+
 def fidelity_table(per_seed: dict[str, dict]) -> str:
     """Class and domain fidelity (%) and diversity (synthetic / real intra-class feature spread) of each row's
     training images, mean ± std over seeds ('' if not measured)."""
@@ -365,12 +380,15 @@ def main(argv: list[str]) -> None:
                    "only in server-side keys reuse the clients' replies); accuracies from each run's summary.json, "
                    "fidelity from its synthetic.safetensors",
             "accuracy": "percent on the server's global test set; avg = mean over the four domains",
-            "summary": summary, "table_markdown": md, "fidelity_markdown": fidelity_table(per_seed),
+            "summary": summary, "paired": paired_steps(per_seed), "table_markdown": md,
+            "fidelity_markdown": fidelity_table(per_seed),
             "per_seed": per_seed,
             "paper_domainnet": PAPER_DOMAINNET})
         bar_chart(summary, domains, out / "espresso_ablation.png")
     md, _ = table(per_seed, domains)
     print(md)
+    print("\nsame seeds, mean domain accuracy (points): " + "; ".join(
+        f"{k} {paired_text(v)}" for k, v in paired_steps(per_seed).items()))
     fid = fidelity_table(per_seed)
     if fid:
         print(f"\nread by classifiers trained on real public images (Ceiling row: the clients' real data)\n{fid}")
