@@ -381,3 +381,20 @@ def test_parsers_default_to_the_in_process_backend():
     a = dcfm.parser().parse_args([])
     assert a.backend == "inprocess" and a.threads == common.available_cpus()
     assert isinstance(a, argparse.Namespace)
+
+
+def test_espresso_ablation_pairs_the_papers_steps_on_shared_seeds():
+    from experiments.espresso_ablation import paired_steps
+
+    def seed(**acc):
+        return {"results": {k.replace("_", "-").replace("plus", "+"): {"mean_domain_accuracy": v}
+                            for k, v in acc.items()}}
+
+    per_seed = {"0": seed(Prompts_only=0.70, C=0.72, CplusG=0.75, CplusGplusZ=0.74, class_embed=0.73),
+                "1": seed(Prompts_only=0.70, C=0.69, CplusG=0.73, CplusGplusZ=0.74, class_embed=0.71),
+                "2": seed(Prompts_only=0.70, C=0.71)}  # a seed without the later rows pairs only where it can
+    p = paired_steps(per_seed)
+    assert p["C - Prompts-only"]["n"] == 3 and p["C - Prompts-only"]["favour"] == 2
+    assert p["C - Prompts-only"]["mean"] == pytest.approx((2 - 1 + 1) / 3)
+    assert p["C+G - C"]["n"] == 2 and p["C+G - C"]["mean"] == pytest.approx(3.5) and p["C+G - C"]["favour"] == 2
+    assert p["C+G+Z - C+G"]["mean"] == pytest.approx(0.0) and p["C+G+Z - class-embed"]["favour"] == 2
