@@ -74,6 +74,8 @@ METHODS = {
     "feddifrc-blocks12": ("FedDifRC, up-blocks 1,2 only", {"method": "feddifrc", "feddifrc.up-blocks": "1,2"}),
 }
 DEFAULT_METHODS = ("fedavg", "fedprox", "moon", "tdcl", "ndcr", "feddifrc")
+# each ablation row is also read against the default row whose one choice it flips, same seeds
+ABLATION_OF = {m: ("ndcr" if m.startswith("ndcr") else "feddifrc") for m in METHODS if m not in DEFAULT_METHODS}
 DEFAULT_SPLITS = ("a0.05", "a0.1", "a0.5", "path")  # issue 26: alpha 0.05, 0.1, 0.5 and 2 classes per client
 # The paper's CIFAR-10 table (ResNet-10, SD-2.1, 10 clients, 50 rounds): NID1 = Dirichlet alpha, NID2 = pathological.
 PAPER = {
@@ -152,6 +154,11 @@ def cell_summary(results: dict[str, Any], split: str, method: str) -> dict[str, 
                                    {k: last_mean(r["curve"]) for k, r in base.items()}, higher_is_better=True)
     out = {"verdict": all_converged([classification_verdict(r["curve"]) for r in runs.values()]),
            f"vs_{BASELINE}": paired}
+    row = results.get(split, {}).get(ABLATION_OF.get(method, ""), {})
+    if row:  # an ablation against its default row
+        out[f"vs_{ABLATION_OF[method]}"] = paired_difference(
+            {k: last_mean(r["curve"]) for k, r in runs.items()}, {k: last_mean(r["curve"]) for k, r in row.items()},
+            higher_is_better=True)
     for key in ("steps", "images_seen"):
         vals = [r[key] for r in runs.values() if r.get(key) is not None]
         out[key] = float(np.mean(vals)) if vals else None
@@ -180,13 +187,18 @@ def table_text(results: dict[str, Any], splits: list[str], methods: list[str]) -
     for m in methods:
         row = [accuracy_cell(results, s, m, summaries[s].get(m)) for s in splits]
         lines.append(f"| {METHODS[m][0]} | " + " | ".join(row) + " |")
-    lines += ["", f"| method | split | vs {METHODS[BASELINE][0]}, same seeds (points) | steps | images seen |",
-              "|---|---|---|---|---|"]
+    ablations = any(m in ABLATION_OF for m in methods)
+    lines += ["", f"| method | split | vs {METHODS[BASELINE][0]}, same seeds (points) |"
+              + (" vs the default row it flips |" if ablations else "") + " steps | images seen |",
+              "|---|---|---|" + ("---|" if ablations else "") + "---|---|"]
     for m in methods:
         for s in splits:
             c = summaries[s].get(m)
             if c is not None:
                 vs = "—" if m == BASELINE else paired_text(c[f"vs_{BASELINE}"])
+                if ablations:
+                    ref = ABLATION_OF.get(m)
+                    vs += f" | {METHODS[ref][0]}: {paired_text(c[f'vs_{ref}'])}" if f"vs_{ref}" in c else " | —"
                 lines.append(f"| {METHODS[m][0]} | {s} | {vs} | {count_text(c['steps'])} | "
                              f"{count_text(c['images_seen'])} |")
     return "\n".join(lines)

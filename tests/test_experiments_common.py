@@ -131,6 +131,21 @@ def test_feddifrc_table_prints_verdicts_paired_differences_and_compute():
     assert cell_summary(results, "a0.5", "fedavg")["verdict"]["converged"]
 
 
+def test_feddifrc_ablation_rows_are_also_read_against_the_row_they_flip():
+    from experiments.feddifrc import cell_summary, table_text
+
+    results = {"a0.1": {"fedavg": {k: _row([0.90] * 20) for k in "012"},
+                        "feddifrc": {k: _row([0.88] * 20) for k in "012"},
+                        "feddifrc-t261": {"0": _row([0.91] * 20), "1": _row([0.89] * 20)}}}
+    c = cell_summary(results, "a0.1", "feddifrc-t261")
+    assert c["vs_feddifrc"]["mean"] == pytest.approx(2.0) and c["vs_feddifrc"]["favour"] == 2
+    assert c["vs_fedavg"]["mean"] == pytest.approx(0.0) and "vs_feddifrc" not in cell_summary(results, "a0.1",
+                                                                                             "feddifrc")
+    text = table_text(results, ["a0.1"], ["feddifrc", "feddifrc-t261"])
+    assert "| FedDifRC, t 261 (official code) | a0.1 | -0.0 ± 1.0 (1/2) | FedDifRC: +2.0 ± 1.0 (2/2) |" in text
+    assert "| FedDifRC | a0.1 | -2.0 ± 0.0 (0/3) | — |" in text
+
+
 def test_feddifrc_tables_already_in_docs_still_print(tmp_path):
     from experiments.feddifrc import SPLITS, cells, plot, table_text
 
