@@ -248,8 +248,15 @@ def write_sweep(path: Path, result: dict[str, Any], new_seeds: dict[str, Any],
     from fedapp.results import atomic_write_json
 
     with file_lock(path):
-        seeds = {**seeds_on_disk(path, result["setup"]), **result["seeds"], **new_seeds}
+        old = json.loads(path.read_text()) if path.exists() else {}
+        same = old.get("setup") == result["setup"]
+        seeds = {**(old.get("seeds", {}) if same else {}), **result["seeds"], **new_seeds}
         result["seeds"] = dict(sorted(seeds.items(), key=lambda kv: int(kv[0])))
+        partial = {k: v for k, v in (old.get("partial", {}) if same else {}).items() if k not in seeds}
+        if partial:  # a seed another process is still measuring
+            result["partial"] = partial
+        else:
+            result.pop("partial", None)
         result.update(summarise(result["seeds"]))
         atomic_write_json(path, result)
 
@@ -270,13 +277,27 @@ def checkpoint_steps(text: str) -> list[int]:
     return steps
 
 
-def run_sweep(path: Path, setup: dict[str, Any], seeds: str, measure: Callable[[int], dict[str, Any]],
+def run_sweep(path: Path, setup: dict[str, Any], seeds: str,
+              measure: Callable[[int, Callable[[list], None]], dict[str, Any]],
               summarise: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
-    """Each seed of `seeds` not yet on disk under `setup` measured (`measure(seed)`) and written at once
-    (write_sweep): an interrupted sweep resumes, two processes may run two seeds. Returns the json."""
+    """Each seed of `seeds` not yet on disk under `setup` measured (`measure(seed, progress)`) and written at
+    once (write_sweep): an interrupted sweep resumes, two processes may run two seeds. `progress(points)`
+    writes a seed's checkpoints so far under "partial" (never read by the budget: a stopped run keeps what it
+    measured, and a rerun measures the seed whole). Returns the json."""
+    from fedapp.results import atomic_write_json
+
     result = {"setup": setup, "seeds": seeds_on_disk(path, setup)}
     for seed in (int(s) for s in seeds.split(",") if s):
-        if str(seed) not in result["seeds"]:
-            write_sweep(path, result, {str(seed): measure(seed)}, summarise)
+        if str(seed) in result["seeds"]:
+            continue
+
+        def progress(points: list, key: str = str(seed)) -> None:
+            with file_lock(path):
+                on_disk = json.loads(path.read_text()) if path.exists() else {}
+                keep = on_disk if on_disk.get("setup") == setup else {"setup": setup, "seeds": {}}
+                keep.setdefault("partial", {})[key] = {"points": points}
+                atomic_write_json(path, keep)
+
+        write_sweep(path, result, {str(seed): measure(seed, progress)}, summarise)
     write_sweep(path, result, {}, summarise)
     return result

@@ -60,7 +60,7 @@ def read_pairs(model, readers: dict, pairs: list[list[int]], a, seed: int) -> di
             "color_accuracy": float((color == y[:, 1]).float().mean())}
 
 
-def sweep_seed(a, seed: int, steps: list[int]) -> dict[str, Any]:
+def sweep_seed(a, seed: int, steps: list[int], progress=lambda points: None) -> dict[str, Any]:
     from clients.dcfm import train_expert
     from fedapp.models.compose import build_velocity
     from fedapp.protocols.dcfm import ATTRS
@@ -82,6 +82,7 @@ def sweep_seed(a, seed: int, steps: list[int]) -> dict[str, Any]:
         print(f"seed {seed} {step:6d} steps: L_FM {loss:.4f}, seen pairs read as requested "
               f"{100 * figures['composition_accuracy']:.1f}% (digit {100 * figures['digit_accuracy']:.1f}%, "
               f"colour {100 * figures['color_accuracy']:.1f}%), {t_train:.0f} s of training", flush=True)
+        progress(points)
 
     train_expert(model, x, y, steps=steps[-1], batch=a.batch, lr=a.lr, pi=(1.0, 0.0, 0.0),
                  lambda_ci=a.lambda_ci, seed=seed * 100_003 + steps[-1], checkpoints=steps, on_checkpoint=read)
@@ -161,6 +162,6 @@ def main(argv: list[str]) -> None:
     setup = {k: v for k, v in vars(a).items() if k not in ("seeds", "threads", "out")}
     width = f"_w{a.width}" if a.width != 32 else ""
     path = Path(a.out) / f"dcfm_budget_{a.dataset}_{a.image_size}px_{a.split}_{a.train}{width}.json"
-    result = run_sweep(path, setup, a.seeds, lambda seed: sweep_seed(a, seed, steps), summary)
+    result = run_sweep(path, setup, a.seeds, lambda seed, progress: sweep_seed(a, seed, steps, progress), summary)
     plot(result, path.with_suffix(".png"))
     print(f"budget: {result['budget']}; verdict at {steps[-1]} steps: {result['verdict']['reason']}")

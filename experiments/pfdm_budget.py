@@ -36,7 +36,7 @@ def pooled_data(flat: dict[str, Any], clients: int):
             server_data(cfg, clients), cfg)
 
 
-def sweep_seed(a, seed: int, steps: list[int]) -> dict[str, Any]:
+def sweep_seed(a, seed: int, steps: list[int], progress=lambda points: None) -> dict[str, Any]:
     """One seed's curve: sample accuracy (and the mean loss of the last 10 % of steps) at every checkpoint."""
     from experiments.pfdm import config, parser
     from fedapp.models.classifier import accuracy
@@ -66,6 +66,7 @@ def sweep_seed(a, seed: int, steps: list[int]) -> dict[str, Any]:
         shown = ", ".join(f"w={w}: {100 * v:.1f}%" for w, v in by_w.items())
         print(f"seed {seed} {step:6d} steps: samples read as requested {shown} (loss {loss:.4f}, "
               f"{t_train:.0f} s of training)", flush=True)
+        progress(points)
 
     read_seconds: list[float] = []
     train_ddpm(model, x, y, steps=steps[-1], batch=a.batch, lr=a.lr, seed=seed * 100_003 + steps[-1],
@@ -166,6 +167,6 @@ def main(argv: list[str]) -> None:
     for key, default in (("p_uncond", 0.0), ("guidance", "1"), ("ema", 0.0)):
         if setup[key] == default:
             del setup[key]
-    result = run_sweep(path, setup, a.seeds, lambda seed: sweep_seed(a, seed, steps), summary)
+    result = run_sweep(path, setup, a.seeds, lambda seed, progress: sweep_seed(a, seed, steps, progress), summary)
     plot(result, path.with_suffix(".png"))
     print(f"budget: {result['budget']}")

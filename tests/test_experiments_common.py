@@ -413,3 +413,31 @@ def test_espresso_ablation_pairs_the_papers_steps_on_shared_seeds():
     assert p["C - Prompts-only"]["mean"] == pytest.approx((2 - 1 + 1) / 3)
     assert p["C+G - C"]["n"] == 2 and p["C+G - C"]["mean"] == pytest.approx(3.5) and p["C+G - C"]["favour"] == 2
     assert p["C+G+Z - C+G"]["mean"] == pytest.approx(0.0) and p["C+G+Z - class-embed"]["favour"] == 2
+
+
+def test_a_sweep_keeps_a_stopped_seeds_checkpoints_apart_and_a_finished_seed_replaces_them(tmp_path):
+    from experiments.common import run_sweep
+
+    path, setup = tmp_path / "sweep.json", {"steps": "1,2"}
+
+    def summarise(seeds):
+        return {"n": len(seeds)}
+
+    def stopped(seed, progress):
+        progress([{"steps": 1, "acc": 0.5}])
+        raise KeyboardInterrupt  # the run is stopped after its first checkpoint
+
+    with pytest.raises(KeyboardInterrupt):
+        run_sweep(path, setup, "0", stopped, summarise)
+    on_disk = json.loads(path.read_text())
+    assert on_disk["partial"] == {"0": {"points": [{"steps": 1, "acc": 0.5}]}} and on_disk["seeds"] == {}
+
+    def whole(seed, progress):
+        points = [{"steps": 1, "acc": 0.6}]
+        progress(points)
+        return {"points": points + [{"steps": 2, "acc": 0.7}]}
+
+    out = run_sweep(path, setup, "0", whole, summarise)  # the partial seed is measured again, whole
+    on_disk = json.loads(path.read_text())
+    assert "partial" not in on_disk and on_disk["seeds"]["0"]["points"][-1]["acc"] == 0.7 and on_disk["n"] == 1
+    assert out["seeds"] == on_disk["seeds"]
