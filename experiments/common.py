@@ -227,18 +227,20 @@ def file_lock(path: Path) -> Iterator[None]:
             fcntl.flock(fh, fcntl.LOCK_UN)
 
 
+def json_under(path: Path, setup: dict[str, Any]) -> dict[str, Any]:
+    """The json at `path` when it was written under the same setup; {} when absent or another setup's."""
+    old = json.loads(path.read_text()) if path.exists() else {}
+    return old if old.get("setup") == setup else {}
+
+
 def results_on_disk(path: Path, setup: dict[str, Any]) -> dict[str, Any]:
     """The results a table json holds under the same setup ({} if none, or another setup's)."""
-    if not path.exists():
-        return {}
-    old = json.loads(path.read_text())
-    return old["results"] if old.get("setup") == setup else {}
+    return json_under(path, setup).get("results", {})
 
 
 def seeds_on_disk(path: Path, setup: dict[str, Any]) -> dict[str, Any]:
     """A sweep json's seeds measured under `setup` ({} if none, or another setup's)."""
-    old = json.loads(path.read_text()) if path.exists() else {}
-    return old.get("seeds", {}) if old.get("setup") == setup else {}
+    return json_under(path, setup).get("seeds", {})
 
 
 def write_sweep(path: Path, result: dict[str, Any], new_seeds: dict[str, Any],
@@ -248,11 +250,10 @@ def write_sweep(path: Path, result: dict[str, Any], new_seeds: dict[str, Any],
     from fedapp.results import atomic_write_json
 
     with file_lock(path):
-        old = json.loads(path.read_text()) if path.exists() else {}
-        same = old.get("setup") == result["setup"]
-        seeds = {**(old.get("seeds", {}) if same else {}), **result["seeds"], **new_seeds}
+        old = json_under(path, result["setup"])
+        seeds = {**old.get("seeds", {}), **result["seeds"], **new_seeds}
         result["seeds"] = dict(sorted(seeds.items(), key=lambda kv: int(kv[0])))
-        partial = {k: v for k, v in (old.get("partial", {}) if same else {}).items() if k not in seeds}
+        partial = {k: v for k, v in old.get("partial", {}).items() if k not in seeds}
         if partial:  # a seed another process is still measuring
             result["partial"] = partial
         else:
@@ -293,8 +294,7 @@ def run_sweep(path: Path, setup: dict[str, Any], seeds: str,
 
         def progress(points: list, key: str = str(seed)) -> None:
             with file_lock(path):
-                on_disk = json.loads(path.read_text()) if path.exists() else {}
-                keep = on_disk if on_disk.get("setup") == setup else {"setup": setup, "seeds": {}}
+                keep = json_under(path, setup) or {"setup": setup, "seeds": {}}
                 keep.setdefault("partial", {})[key] = {"points": points}
                 atomic_write_json(path, keep)
 

@@ -23,9 +23,6 @@ import torch
 from experiments.common import (add_sweep_arguments, all_converged, check_cpu_budget, checkpoint_steps,
                                 generative_verdict, prog, quiet_logs, run_sweep)
 
-READERS_RELIABLE = {"digit": 0.97, "color": 0.99}  # fedapp.readers' thresholds, named here for the json
-
-
 def training_data(a, seed: int):
     """(x, y) the net trains on, the pairs it saw, and the server split (readers, novel pairs)."""
     from experiments.dcfm import SETTINGS, config
@@ -94,7 +91,10 @@ def budget(seeds: dict[str, dict[str, Any]]) -> dict[str, Any]:
     """The first checkpoint at which every seed's seen-pair samples are read >= 90 % as requested (None:
     none), and whether the readers behind it are reliable (digit >= 97 %, colour >= 99 % held out)."""
     curves = [s["points"] for s in seeds.values()]
-    reliable = all(s["reader_accuracy"][n] >= t for s in seeds.values() for n, t in READERS_RELIABLE.items())
+    from fedapp.readers import DEFAULT_THRESHOLD, THRESHOLDS
+
+    reliable = all(acc >= THRESHOLDS.get(n, DEFAULT_THRESHOLD) for s in seeds.values()
+                   for n, acc in s["reader_accuracy"].items())
     for i in range(min(map(len, curves))):
         if all(generative_verdict(c[i]["seen_composition_accuracy"])["converged"] for c in curves):
             return {"steps": curves[0][i]["steps"], "readers_reliable": reliable}

@@ -62,12 +62,12 @@ def is_tiny(spec: str | Path) -> bool:
     return str(spec) in ("tiny", "tiny-sd") or str(spec).startswith(("tiny:", "tiny@", "tiny-sd:", "tiny-sd@"))
 
 
-def _tiny_build_args(src: PriorSource) -> dict[str, Any]:
-    """What build_tiny_prior / tiny_prior_path take besides the dataset, for a resolved tiny(-sd) spec."""
+def _tiny_build_args(dataset: str, latent: bool, domains: tuple[str, ...] | None) -> dict[str, Any]:
+    """What build_tiny_prior / tiny_prior_path take besides the dataset, for a tiny(-sd) spec."""
     from .tiny.config import LATENT_CONFIG, TinyVaeConfig
 
-    return {"image_size": tiny_image_size(src.dataset, src.latent), "domains": src.domains,
-            **({"config": LATENT_CONFIG, "vae": TinyVaeConfig()} if src.latent else {})}
+    return {"image_size": tiny_image_size(dataset, latent), "domains": domains,
+            **({"config": LATENT_CONFIG, "vae": TinyVaeConfig()} if latent else {})}
 
 
 def resolve_prior(spec: str | Path, dataset: str | None = None, cache_dir: str | Path | None = None) -> PriorSource:
@@ -86,10 +86,10 @@ def resolve_prior(spec: str | Path, dataset: str | None = None, cache_dir: str |
         except ValueError as err:
             raise ValueError(f"prior={spec!r}: {err}") from None
         # tiny: built at the dataset's native size (16 for the 8x8 sets, 28 for the MNIST sets); tiny-sd at 32
-        src = PriorSource("tiny", "", ds, domains, latent=kind == "tiny-sd")
-        args = _tiny_build_args(src)
+        latent = kind == "tiny-sd"
+        args = _tiny_build_args(ds, latent, domains)
         folder = tiny_prior_path(ds, args.pop("image_size"), cache_dir=cache_dir, **args)
-        return PriorSource("tiny", str(folder), ds, domains, src.latent)
+        return PriorSource("tiny", str(folder), ds, domains, latent)
     path = Path(spec).expanduser()
     if path.is_dir():
         missing = [s for s in REQUIRED if not (path / s).is_dir()]
@@ -108,12 +108,12 @@ def resolve_prior(spec: str | Path, dataset: str | None = None, cache_dir: str |
 def vae_unet_mismatch(folder: Path) -> str | None:
     """Why the folder's vae/ cannot feed its unet/ (latent channels, latent side), from their configs; None
     when it can or when there is no vae/ (pixel space) or a config is unreadable (from_pretrained says why)."""
-    import json
-
+    src = PriorSource("folder", str(folder))
     try:
-        vae = json.loads((folder / "vae" / "config.json").read_text())
-        unet = json.loads((folder / "unet" / "config.json").read_text())
+        vae, unet = _config_json(src, "vae"), _config_json(src, "unet")
     except (OSError, ValueError):
+        return None
+    if vae is None or unet is None:
         return None
     if vae.get("latent_channels") != unet.get("in_channels"):
         return (f"vae/ makes {vae.get('latent_channels')}-channel latents but unet/ takes {unet.get('in_channels')} "
@@ -254,7 +254,7 @@ def ensure_prior_built(spec: str | Path, dataset: str | None, cache_dir: str | P
 
     with around():
         log.info("building the tiny prior for %s (once; cached for later runs)", src.dataset)
-        build_tiny_prior(src.dataset, cache_dir=cache_dir, **_tiny_build_args(src))
+        build_tiny_prior(src.dataset, cache_dir=cache_dir, **_tiny_build_args(src.dataset, src.latent, src.domains))
     return True
 
 
