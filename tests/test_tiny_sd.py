@@ -87,6 +87,30 @@ def test_evaluating_a_latent_build_reads_its_vae_reconstructions_beside_the_orig
     assert (folder / "samples.png").is_file()
 
 
+def test_domain_readings_read_the_vae_round_trip_and_say_which_style_samples_are_drawn_in(built):
+    """On a dataset with styles, a domain reader reads the prior's VAE round trip against the originals and
+    says which style each sample is in: here the 'samples' are real held-out sketches, so sketch dominates."""
+    from fedapp.models.prior.tiny.evaluate import domain_readings
+    from fedapp.models.prior.tiny.train import server_split
+
+    _, folder = built
+    prior = load_prior(folder)
+    test = server_split("digit-styles", 16, 0).test
+    sketches = test.x[torch.as_tensor(test.attrs["domain"]) == 1][:40]
+    out = domain_readings(prior, "digit-styles", sketches, {"seed": 0, "image_size": 32}, seed=0, epochs=1,
+                          read_size=16)
+    readers = out.pop("_readers")
+    assert [r.attribute for r in readers] == ["domain"]
+    assert out["domain_reader_test_accuracy"] == pytest.approx(readers[0].held_out_accuracy, abs=1e-4)
+    assert readers[0].held_out_accuracy > 0.9
+    assert list(out["sample_domains"]) == ["photo", "sketch", "clipart", "quickdraw"]
+    assert sum(out["sample_domains"].values()) == pytest.approx(1.0, abs=1e-3)
+    assert max(out["sample_domains"], key=out["sample_domains"].get) == "sketch"
+    # the test build's VAE trained for a few steps: its round trip loses the style the originals show
+    assert out["vae_original_domain_accuracy"] > 0.9 > out["vae_reconstruction_domain_accuracy"]
+    assert domain_readings(prior, "digits", sketches, {"seed": 0, "image_size": 32}, 0, 1, 16) == {}
+
+
 def test_the_vae_learns_to_reconstruct_and_scales_its_latents_to_unit_spread():
     x = bars(n=32)[0]
     untrained, _ = train_vae(x, TinyVaeConfig(block_out_channels=(8, 16, 16), norm_num_groups=4, steps=1,

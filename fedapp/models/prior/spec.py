@@ -225,6 +225,10 @@ def load_prior(name_or_path: str | Path, device: str | torch.device = "cpu", dty
         ensure_prior_built(spec, dataset, cache_dir)
     src = resolve_prior(spec, dataset, cache_dir)
     if src.kind == "tiny" and not src.folder.is_dir():
+        from .tiny.packaged import install_packaged
+
+        install_packaged(src.folder)
+    if src.kind == "tiny" and not src.folder.is_dir():
         raise ValueError(f"prior={spec!r}: the tiny prior for dataset {src.dataset!r} is not built yet at "
                          f"{src.folder}; build it with `python -m fedapp.models.prior.tiny --dataset {src.dataset}"
                          f"{' --latent' if src.latent else ''}`")
@@ -238,9 +242,12 @@ def load_prior(name_or_path: str | Path, device: str | torch.device = "cpu", dty
 
 
 def tiny_prior_missing(spec: str | Path, dataset: str | None, cache_dir: str | Path | None = None) -> bool:
-    """Whether `spec` names a built-in tiny prior that is not built yet (folders and hub ids never are)."""
+    """Whether `spec` names a built-in tiny prior that is neither built yet nor packaged with fedapp
+    (folders and hub ids never are)."""
+    from .tiny.packaged import packaged_copy
+
     src = resolve_prior(spec, dataset, cache_dir)
-    return src.kind == "tiny" and not (src.folder / "prior_meta.json").is_file()
+    return src.kind == "tiny" and not (src.folder / "prior_meta.json").is_file() and packaged_copy(src.folder) is None
 
 
 def ensure_prior_built(spec: str | Path, dataset: str | None, cache_dir: str | Path | None = None,
@@ -251,6 +258,10 @@ def ensure_prior_built(spec: str | Path, dataset: str | None, cache_dir: str | P
     if src.kind != "tiny" or (src.folder / "prior_meta.json").is_file():
         return False
     from .tiny import build_tiny_prior
+    from .tiny.packaged import install_packaged
+
+    if install_packaged(src.folder):  # the package carries this very build (the default experiment's)
+        return False
 
     with around():
         log.info("building the tiny prior for %s (once; cached for later runs)", src.dataset)

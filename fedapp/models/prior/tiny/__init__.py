@@ -6,11 +6,14 @@ UNet2DConditionModel (modules.py, sized by config.py), trained jointly on a data
 `load_prior("tiny:<dataset>")` loads it through the same from_pretrained code that loads Stable
 Diffusion. evaluate.py measures it; `python -m fedapp.models.prior.tiny --dataset digit-styles`
 builds and evaluates it. docs/tiny_prior.md has what was measured to arrive at the recipe.
+packaged.py keeps a float16 copy of the default experiment's build inside the package, installed into
+the cache instead of building it on a fresh machine.
 
 This package knows nothing of prior specs (`tiny`, folders, hub ids): spec.py resolves those and
 calls in here to build.
 """
 
+from . import packaged
 from .cache import cache_root, tiny_prior_path
 from .config import CODE_VERSION, DEFAULT_DATASET, DEFAULT_STEPS, TEST_CONFIG, TinyPriorConfig
 from .evaluate import evaluate_tiny_prior
@@ -19,4 +22,4 @@ from .train import build_tiny_prior, public_data, train_tiny_prior
 
 __all__ = ["CODE_VERSION", "DEFAULT_DATASET", "DEFAULT_STEPS", "TEST_CONFIG", "TinyPriorConfig", "build_modules",
            "build_tiny_prior", "build_tokenizer", "cache_root", "evaluate_tiny_prior", "public_data",
-           "random_tiny_prior", "tiny_prior_path", "train_tiny_prior"]
+           "random_tiny_prior", "packaged", "tiny_prior_path", "train_tiny_prior"]

@@ -3,6 +3,7 @@
     python -m fedapp.models.prior.tiny --dataset digit-styles    # build (cached) + evaluate
     python -m fedapp.models.prior.tiny --dataset digits --no-eval --set lr=3e-3
     python -m fedapp.models.prior.tiny --dataset mnist-5k --latent   # tiny-sd: VAE + UNet on latents, 32 px
+    python -m fedapp.models.prior.tiny --dataset digit-styles --package  # + the package's float16 copy (packaged.py)
 
 Writes the prior into its cache folder, its measured figures into prior_meta.json there and, unless
 --docs '', the sample grid and figures into docs/results/tiny_prior_<dataset>.png/.json.
@@ -75,6 +76,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="tiny-sd: an AutoencoderKL, then the UNet on its 8x8x4 latents of 32 px images")
     p.add_argument("--vae-set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="with --latent: override TinyVaeConfig fields, e.g. --vae-set steps=3000")
+    p.add_argument("--package", action="store_true",
+                   help="also write the build's float16 copy into the package (fedapp/models/prior/tiny/packaged/), "
+                        "which a fresh machine installs instead of building; for the default experiment's prior")
     a = p.parse_args(argv)
     config = parse_overrides(a.set, LATENT_CONFIG if a.latent else None)
     vae = parse_overrides(a.vae_set, TinyVaeConfig()) if a.latent else None
@@ -96,6 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     build_seconds = time.time() - t0
     print(f"prior: {folder} ({build_seconds:.0f} s this call)")
     if a.no_eval:
+        if a.package:
+            package(folder)
         return
     meta = json.loads((folder / "prior_meta.json").read_text())
     # a latent prior's samples are read at the dataset's native size, by the reader of the pixel prior
@@ -112,6 +118,17 @@ def main(argv: list[str] | None = None) -> None:
         name = a.dataset + (f"@{'+'.join(sorted(domains))}" if domains else "") + ("-sd" if a.latent else "")
         shutil.copyfile(folder / "samples.png", docs / f"tiny_prior_{name}.png")
         write_json(docs / f"tiny_prior_{name}.json", {"folder": folder.name, **meta})
+    if a.package:
+        package(folder)
+
+
+def package(folder: Path) -> None:
+    """The build's float16 copy into fedapp's package (packaged.py), with its evaluation when made."""
+    from .packaged import package as write_package, packaged_bytes
+
+    copy = write_package(folder)
+    print(f"packaged: {copy} ({packaged_bytes(copy) / 1e6:.2f} MB; "
+          f"every packaged prior: {packaged_bytes() / 1e6:.2f} MB)")
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ import torch
 
 from fedapp.images import sample_grid
 from ...text import class_prompts
-from ...classifier import accuracy
+from ...classifier import accuracy, predict
 from ..pipeline import load_components
 from .train import server_split
 
@@ -59,6 +59,9 @@ def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
         if best is None or acc > best[1]:
             best = (g, acc, out.images)
     sample_grid(best[2], len(class_names), folder / "samples.png")
+    domains = {} if data is not None else domain_readings(prior, dataset, best[2], meta, seed, classifier_epochs,
+                                                          read_size)
+    readers = [ref, *domains.pop("_readers", [])]
     # Z-sampling at the best guidance (gamma2 = 0, T_z = 800), from the same noise
     t1 = time.time()
     zz = prior.sample(noise, cond, num_steps=num_steps, guidance=best[0], sampler="zigzag")
@@ -69,7 +72,8 @@ def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
             "samples_per_class": per_class, "sample_steps": num_steps,
             "reference_classifier_seconds": round(ref_seconds, 1),
             "reference_classifier": f"SmallCNN, {classifier_epochs} epochs on the real images outside the test split",
-            "reference_test_accuracy": round(ref.held_out_accuracy, 4), **recon, **reader_metrics([ref])}
+            "reference_test_accuracy": round(ref.held_out_accuracy, 4), **recon, **domains,
+            **reader_metrics(readers)}
 
 
 def resized(x: torch.Tensor, size: int) -> torch.Tensor:
@@ -89,3 +93,30 @@ def vae_reconstruction(prior, ref, test, read_size: int, limit: int = 1000) -> d
     return {"vae_reconstruction_accuracy": round(accuracy(ref.model, resized(rec, read_size), y), 4),
             "vae_original_accuracy": round(accuracy(ref.model, resized(x, read_size), y), 4),
             "vae_reconstruction_mse": round(float((rec - x).pow(2).mean()), 5), "read_at": read_size}
+
+
+def domain_readings(prior, dataset: str, samples: torch.Tensor, meta: dict, seed: int, epochs: int,
+                    read_size: int) -> dict:
+    """For a dataset with domains (styles): a domain reader (fedapp.readers, real images outside the test
+    split) reads the VAE's reconstructions of held-out images as their own domain (a latent prior only), and
+    says which domain each class-prompted sample is drawn in. The prompts name no domain, so the samples
+    have no right answer: their spread over domains is the prior's own mix of styles. {} without domains."""
+    from feddata import dataset_info
+    from fedapp.readers import server_reader
+
+    names = dataset_info(dataset).attributes.get("domain")
+    if not names:
+        return {}
+    server = server_split(dataset, read_size, meta["seed"])
+    dom = server_reader(server, seed, "domain", epochs=epochs)
+    picked = predict(dom.model, resized(samples, read_size).float())
+    out = {"domain_reader_test_accuracy": round(dom.held_out_accuracy, 4),
+           "sample_domains": {n: round(float((picked == i).float().mean()), 4) for i, n in enumerate(names)},
+           "_readers": [dom]}
+    if prior.vae is not None:
+        test = server_split(dataset, meta["image_size"], meta["seed"]).test
+        x, d = test.x[:1000].float(), torch.as_tensor(test.attrs["domain"][:1000]).long()
+        rec = prior.decode_latents(prior.encode_images(x))
+        out["vae_reconstruction_domain_accuracy"] = round(accuracy(dom.model, resized(rec, read_size), d), 4)
+        out["vae_original_domain_accuracy"] = round(accuracy(dom.model, resized(x, read_size), d), 4)
+    return out
