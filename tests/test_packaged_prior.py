@@ -5,6 +5,7 @@ is refused and the prior is built as before."""
 import json
 import logging
 import shutil
+import warnings
 
 import pytest
 import torch
@@ -112,6 +113,36 @@ def test_load_and_build_paths_install_a_packaged_build_before_building(built, pa
     shutil.rmtree(src.folder)
     assert load_prior("tiny", dataset="digits", cache_dir=cache).latent_shape == (4, 8, 8)  # a client's path too
     assert not target.exists()
+
+
+def test_under_flwr_run_the_weights_are_found_where_pip_installed_fedapp(built, packaged_here, tmp_path,
+                                                                         monkeypatch, caplog):
+    """`flwr run` imports fedapp from its app bundle (FAB), which Flower fills with text files only: the
+    packaged copy there has its manifest and configs but no weights. The lookup then takes the copy at the
+    same path under another sys.path entry (site-packages, or an editable install's source tree)."""
+    from flwr.cli.build import get_filtered_fab_paths
+
+    copy, _ = packaged_here
+    files = {p.relative_to(copy).as_posix(): p for p in copy.rglob("*") if p.is_file()}
+    with warnings.catch_warnings():  # Flower's own use of a deprecated pathspec pattern class
+        warnings.simplefilter("ignore", DeprecationWarning)
+        in_fab = get_filtered_fab_paths(files, {"tool": {"flwr": {"app": {}}}})
+    assert "MANIFEST.json" in in_fab and not any(f.endswith(".safetensors") for f in in_fab)
+    bundle = tmp_path / "fab" / built.name
+    for rel in in_fab:
+        (bundle / rel).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(files[rel], bundle / rel)
+    site = tmp_path / "site"
+    shutil.copytree(copy, site / "fedapp" / "models" / "prior" / "tiny" / "packaged" / built.name)
+    monkeypatch.setattr(packaged, "PACKAGED_ROOT", tmp_path / "fab")  # the module's own folder: the bundle's
+    target = tmp_path / "cache" / built.name
+    with caplog.at_level(logging.WARNING, logger="fedapp"):
+        assert not packaged.install_packaged(target)  # the bundle alone: refused in one line
+    assert "refused" in caplog.text and ".safetensors" in caplog.text and not target.exists()
+    monkeypatch.syspath_prepend(str(site))
+    assert packaged.packaged_copy(target) == (site / "fedapp/models/prior/tiny/packaged" / built.name).resolve()
+    assert packaged.install_packaged(target)
+    assert _weights(target).keys() == _weights(copy).keys()
 
 
 def test_the_default_experiments_prior_is_packaged_with_fedapp_and_checks():

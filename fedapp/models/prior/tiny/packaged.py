@@ -19,13 +19,15 @@ import hashlib
 import json
 import logging
 import shutil
+import sys
 from pathlib import Path
 
 from .cache import publish
 
 log = logging.getLogger("fedapp")
 
-PACKAGED_ROOT = Path(__file__).with_name("packaged")
+PACKAGED_DIR = "packaged"
+PACKAGED_ROOT = Path(__file__).with_name(PACKAGED_DIR)
 MANIFEST = "MANIFEST.json"
 LEFT_OUT = {"samples.png"}  # the build's sample grid: documentation, not part of the prior
 
@@ -84,22 +86,46 @@ def verify(copy: str | Path) -> str | None:
     return None
 
 
+def _roots(root: str | Path | None) -> list[Path]:
+    """Where packaged priors may be: `root` when given; else beside this module and at the same path under
+    every sys.path entry. A Flower app bundle carries text files only (.py, .toml, .json, ...), so when
+    `flwr run` imports fedapp from its installed bundle, the weights are where pip put fedapp (site-packages,
+    or the source tree on an editable install's path)."""
+    if root is not None:
+        return [Path(root)]
+    rel = Path(*__name__.split(".")[:-1], PACKAGED_DIR)  # fedapp/models/prior/tiny/packaged
+    roots = [PACKAGED_ROOT] + [Path(entry) / rel for entry in sys.path if entry]
+    return list(dict.fromkeys(r.resolve() for r in roots if r.is_dir()))
+
+
+def _check(folder: str | Path, root: str | Path | None) -> tuple[Path | None, str | None]:
+    """(the first packaged copy of `folder`'s build whose hashes hold, None) or (None, why the first copy
+    found was refused; None when there is none)."""
+    refused = None
+    for r in _roots(root):
+        copy = r / Path(folder).name
+        if not (copy / MANIFEST).is_file():
+            continue
+        why = verify(copy)
+        if why is None:
+            return copy, None
+        refused = refused or why
+    return None, refused
+
+
 def packaged_copy(folder: str | Path, root: str | Path | None = None) -> Path | None:
-    """The packaged copy of the build whose cache folder is `folder`, or None when none is packaged."""
-    copy = Path(root if root is not None else PACKAGED_ROOT) / Path(folder).name
-    return copy if (copy / MANIFEST).is_file() else None
+    """The packaged copy of the build whose cache folder is `folder` (its hashes checked), or None."""
+    return _check(folder, root)[0]
 
 
 def install_packaged(folder: str | Path, root: str | Path | None = None) -> bool:
     """Copy the packaged prior of `folder`'s build into `folder` (the cache); True when installed. False when
     none is packaged or its hashes fail (one warning line): the caller then builds it."""
     folder = Path(folder)
-    copy = packaged_copy(folder, root)
+    copy, why = _check(folder, root)
     if copy is None:
-        return False
-    why = verify(copy)
-    if why is not None:
-        log.warning("packaged prior %s refused: %s; building it instead", copy.name, why)
+        if why is not None:
+            log.warning("packaged prior %s refused: %s; building it instead", folder.name, why)
         return False
 
     def write(tmp: Path) -> None:
