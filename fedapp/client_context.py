@@ -6,11 +6,16 @@ client code takes tensors and returns tensors, so it tests without a simulation.
 
 from __future__ import annotations
 
+import logging
+import os
 from dataclasses import dataclass
 from functools import cached_property
 from typing import Any
 
-from fedapp.config import RunConfig
+from fedapp.config import RunConfig, ray_gpu_ids
+
+log = logging.getLogger("fedapp")
+_DEVICE_LOGGED: set[int] = set()  # partitions whose device this process has logged
 
 
 @dataclass
@@ -22,7 +27,9 @@ class ClientContext:
 
     @cached_property
     def device(self) -> str:
-        return self.cfg.torch_device()
+        device = self.cfg.torch_device()
+        _log_device_once(self.partition_id, self.cfg.device, device)
+        return device
 
     @cached_property
     def shard(self):
@@ -36,3 +43,19 @@ class ClientContext:
         from fedapp.seeds import derive_seed
 
         return derive_seed(self.cfg.seed, self.partition_id, *salt)
+
+
+def _log_device_once(partition_id: int, asked: str, device: str) -> None:
+    """One line per client and process: the device it runs on and why (what Ray assigned it, what
+    CUDA_VISIBLE_DEVICES shows); a WARNING where Ray gave it a GPU that torch cannot use."""
+    if partition_id in _DEVICE_LOGGED:
+        return
+    _DEVICE_LOGGED.add(partition_id)
+    gpus = ray_gpu_ids()
+    seen = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if asked == "auto" and gpus and device == "cpu":
+        log.warning("client %d: device=auto, Ray assigned GPU %s (CUDA_VISIBLE_DEVICES=%s) but torch finds no "
+                    "CUDA device: running on cpu", partition_id, ",".join(map(str, gpus)), seen)
+    else:
+        log.info("client %d: device %s (device=%s, Ray GPUs %s, CUDA_VISIBLE_DEVICES=%s)", partition_id, device,
+                 asked, "none" if gpus is None else (",".join(map(str, gpus)) or "[]"), seen)

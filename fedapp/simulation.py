@@ -56,11 +56,13 @@ def simulate(run_config: Mapping[str, Any], num_clients: int, backend: dict | No
     on `num_clients` virtual SuperNodes with Flower's Ray backend; return summary.json.
 
     `backend` is Flower's backend config, e.g. {"client_resources": {"num_cpus": 1,
-    "num_gpus": 0.25}}; Ray binds to 127.0.0.1 and keeps its files in a temp dir.
+    "num_gpus": 0.25}}. Without an address Ray starts privately, bound to 127.0.0.1 with its files
+    in a temp dir; with one ({"init_args": {"address": "HEAD:6379"}}, or RAY_ADDRESS set) the run
+    joins that Ray cluster and its client actors spread over the cluster's nodes.
     `client_mods` are Flower client mods (tests use one to inject failures). Methods added with
     `fedapp.registry.register` travel with the ClientApp into Ray's actors.
     """
-    _keep_ray_on_loopback()
+    backend, ray_tmp = _ray_backend(backend)
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 
@@ -75,16 +77,6 @@ def simulate(run_config: Mapping[str, Any], num_clients: int, backend: dict | No
     def _main(grid, context) -> None:
         run_server(grid, flat)
 
-    backend = dict(backend or {})
-    init_args = dict(backend.get("init_args", {}))
-    init_args.setdefault("_node_ip_address", "127.0.0.1")
-    ray_tmp = None
-    if "_temp_dir" not in init_args:
-        ray_tmp = init_args["_temp_dir"] = tempfile.mkdtemp(prefix="fedapp-ray-")
-    init_args.setdefault("include_dashboard", False)
-    init_args.setdefault("logging_level", "warning")
-    backend["init_args"] = init_args
-    backend.setdefault("client_resources", {"num_cpus": 1, "num_gpus": 0.0})
     try:
         run_simulation(server_app=server, client_app=make_client_app(client_mods),
                        num_supernodes=num_clients, backend_config=backend)
@@ -92,6 +84,25 @@ def simulate(run_config: Mapping[str, Any], num_clients: int, backend: dict | No
         if ray_tmp:  # Ray has shut down: its session files are no longer needed
             shutil.rmtree(ray_tmp, ignore_errors=True)
     return _read_summary(run_dir)
+
+
+def _ray_backend(backend: dict | None) -> tuple[dict, str | None]:
+    """Flower's backend config with fedapp's defaults filled in, and the temp dir a private Ray keeps
+    its files in (None when the run joins an existing cluster, whose files are its own)."""
+    backend = dict(backend or {})
+    init_args = dict(backend.get("init_args", {}))
+    ray_tmp = None
+    if not (init_args.get("address") or os.environ.get("RAY_ADDRESS")):
+        _keep_ray_on_loopback()  # a private, single-node Ray; a cluster's nodes must reach each other
+        init_args.setdefault("address", "local")  # a new instance even where a Ray cluster runs on this machine
+        init_args.setdefault("_node_ip_address", "127.0.0.1")
+        if "_temp_dir" not in init_args:
+            ray_tmp = init_args["_temp_dir"] = tempfile.mkdtemp(prefix="fedapp-ray-")
+    init_args.setdefault("include_dashboard", False)
+    init_args.setdefault("logging_level", "warning")
+    backend["init_args"] = init_args
+    backend.setdefault("client_resources", {"num_cpus": 1, "num_gpus": 0.0})
+    return backend, ray_tmp
 
 
 # ---- in process -----------------------------------------------------------------------------------

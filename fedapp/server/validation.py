@@ -149,4 +149,6 @@ def keep_valid(run: ServerRun, replies: Iterable[Message], phase: Phase, validat
     if len(kept) < run.cfg.min_clients:
         raise RuntimeError(f"[{phase.name}] only {len(kept)} valid replies, fewer than "
                            f"min-clients={run.cfg.min_clients}; see failures")
-    return kept
+    # partition order, not arrival order: an aggregation's float sum then does not depend on which
+    # node or Ray actor answered first, so a run on a cluster matches the run on one machine
+    return sorted(kept, key=lambda r: run.node_partition.get(r.metadata.src_node_id, -1))
