@@ -10,16 +10,18 @@ and workers) with psutil every 0.5 s:
 - start-up: launch to the first round's (one shot: the train phase's) start line; it includes Python
   imports, Ray's start, the server's data and the initial global evaluation;
 - s / round: the median of rounds 2.. ("round k/R done in X s"); round 1 also pays each actor's
-  imports. For Espresso the one shot's phases: the clients' train phase, synthesis, server training,
-  the evaluate phase;
+  imports. For Espresso the one shot's phases: getting the prior to the nodes (ship-prior), the
+  clients' train phase, synthesis, server training, the evaluate phase;
 - peak RSS: of the whole process tree (sum over processes, at its highest sample) and of the largest
   Ray actor (a `ray::ClientAppActor` worker);
 - ratio: each figure over the 10-client run's.
 
 A run that passes `--timeout` is stopped; the table then says where it was (the last server line and
 how many clients had finished their part). FedDifRC and Espresso need the built-in tiny prior of
-digit-styles (`python -m fedapp.models.prior.tiny --dataset digit-styles`); Espresso here ships it
-to every client in its train message (the default `espresso.ship-prior=auto`).
+digit-styles (packaged with fedapp; installed into the prior cache on first use). Espresso ships it to
+the nodes that lack it (the default `espresso.ship-prior=auto`: by digest, the weights in doubling waves);
+each run starts as a fresh machine would, without received priors (`shipped-*` folders are removed from
+the prior cache first; `--keep-received` keeps them), and the table gives the bytes each phase sent down.
 
     python benchmarks/scale.py [--methods fedavg feddifrc espresso] [--clients 10 100 1000]
                                [--rounds 3] [--per-round 10] [--timeout 900]
@@ -74,8 +76,12 @@ def child(cfg: dict, clients: int) -> None:
 
     torch.set_num_threads(1)  # the two cores go to Ray's two actors
     summary = fedapp.simulate(cfg, num_clients=clients)
+    down: dict[str, int] = {}  # bytes down by message type, over all clients (comm.json)
+    for phases in json.loads((Path(summary["run_dir"]) / "comm.json").read_text())["by_phase"].values():
+        for mtype, b in phases.items():
+            down[mtype] = down.get(mtype, 0) + b["down"]
     print("SCALE-SUMMARY " + json.dumps({"status": summary["status"], "wall_seconds": summary["wall_seconds"],
-                                         "phase_seconds": summary["phase_seconds"],
+                                         "phase_seconds": summary["phase_seconds"], "down_bytes": down,
                                          "failures": len(summary["failures"])}), flush=True)
 
 
@@ -178,11 +184,12 @@ def measure(method: str, clients: int, args, out: str) -> dict:
         row["eval_asked"] = int(evals[-1].group(1)) if evals else None
         row["trains"] = [float(m.group(1)) for m in watch.all(r"\[train\] \d+/\d+ clients replied in ([\d.]+)s")]
     else:
-        row["startup"] = watch.first(r"\[train\] to \d+ clients")
-        phases = {m.group(1): float(m.group(2)) for m in watch.all(r"^(?:INFO fedapp: )?(\w+) done in ([\d.]+) s")}
+        row["startup"] = watch.first(r"\[(?:query\.prior|train)\] to \d+ clients")
+        phases = {m.group(1): float(m.group(2)) for m in watch.all(r"^(?:INFO fedapp: )?([\w.-]+) done in ([\d.]+) s")}
         row["phases"] = phases
         row["per_round"] = (None if stopped or "classifier" not in phases else
-                            replies.get("train", (0, 0, 0.0))[2] + phases.get("synthesis", 0.0)
+                            phases.get("ship-prior", 0.0) + replies.get("train", (0, 0, 0.0))[2]
+                            + phases.get("synthesis", 0.0)
                             + phases["classifier"] + replies.get("evaluate", (0, 0, 0.0))[2])
     if stopped or proc.returncode:
         finished = {int(m.group(1)) for m in watch.all(r"client (\d+): (?:noise GMMs|target prompts) (\d+)/\2,")}
@@ -192,6 +199,17 @@ def measure(method: str, clients: int, args, out: str) -> dict:
                         "clients_finished": len(finished), "at_s": watch.lines[-1][0] if watch.lines else None,
                         "error": next((m.group(0) for m in reversed(watch.all(r"^\w+Error: .*"))), None)}
     return row
+
+
+def forget_received_priors() -> None:
+    """Remove the priors this machine received from servers (shipped-* in the prior cache)."""
+    import shutil
+
+    sys.path.insert(0, str(ROOT))
+    from fedapp.models.prior.tiny.cache import cache_root
+
+    for folder in cache_root().glob("shipped-*"):
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 def after_round1(seconds: list[float]) -> float | None:
@@ -221,7 +239,11 @@ def print_table(rows: list[dict], args) -> None:
                     f"evaluate {asked} {fmt(after_round1(r['evals']), '.2f')} s")
         else:
             p = r.get("phases", {})
-            note = (f"train {fmt(r['replies'].get('train', (0, 0, None))[2])} s, "
+            down = (r["summary"] or {}).get("down_bytes", {})
+            note = (f"prior to the nodes {fmt(p.get('ship-prior'))} s "
+                    f"({down.get('query.prior', 0) / 1e6:.1f} MB down), "
+                    f"train {fmt(r['replies'].get('train', (0, 0, None))[2])} s "
+                    f"({down.get('train', 0) / 1e6:.1f} MB down), "
                     f"synthesis {fmt(p.get('synthesis'))} s, "
                     f"server training {fmt(p.get('classifier'))} s, "
                     f"evaluate {fmt(r['replies'].get('evaluate', (0, 0, None))[2])} s")
@@ -248,6 +270,8 @@ def main() -> None:
     ap.add_argument("--per-round", type=int, default=10, help="clients sampled per round (round-based methods)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take before it is stopped")
     ap.add_argument("--keep", default=None, help="folder for the run folders and logs (default: a temp dir)")
+    ap.add_argument("--keep-received", action="store_true",
+                    help="keep the priors received by earlier runs (default: each run starts without them)")
     args = ap.parse_args()
     if args.child:
         return child(json.loads(args.child[0]), int(args.child[1]))
@@ -256,6 +280,8 @@ def main() -> None:
     rows = []
     for method in args.methods:
         for n in args.clients:
+            if not args.keep_received:
+                forget_received_priors()
             row = measure(method, n, args, out)
             rows.append(row)
             print(json.dumps(row), flush=True)

@@ -251,17 +251,39 @@ def espresso_upload(prior, x: torch.Tensor, y: torch.Tensor, *, num_classes: int
 
 
 # ---- Flower handler ------------------------------------------------------------------------------
-def load_client_prior(msg: Message, cfg, device: str):
-    """The prior: rebuilt from the message when the server shipped the built-in one, else loaded from
-    this node's own disk or cache; a node that lacks it fails with the one-line reason."""
-    from fedapp.models.prior import load_prior, prior_from_records
+def announced_digest(msg: Message) -> str | None:
+    rec = msg.content.config_records.get(P.PRIOR_DIGEST_KEY)
+    return None if rec is None else str(rec.get(P.SHA256, ""))
 
+
+def handle_prior(msg: Message, ctx: ClientContext) -> RecordDict:
+    """query.prior: keep the weights when they came (checked against the announced digest), then say
+    whether this node holds the prior of that digest."""
+    from fedapp.models.prior import cached_shipped, prior_from_records
+
+    digest = announced_digest(msg)
+    if not digest:
+        raise ValueError(f"query.prior without a {P.PRIOR_DIGEST_KEY!r} record naming the prior")
     weights = msg.content.array_records.get(P.PRIOR_WEIGHTS_KEY)
     files = msg.content.config_records.get(P.PRIOR_FILES_KEY)
     if weights is not None and files is not None:
-        return load_prior(prior_from_records(weights, files), device=device)
+        prior_from_records(weights, files, expect=digest)
+    return RecordDict({METRICS_KEY: MetricRecord({P.HAS_PRIOR: int(cached_shipped(digest) is not None)})})
+
+
+def load_client_prior(msg: Message, cfg, device: str):
+    """The prior: the shipped one this node holds when the server named one by digest, else loaded from
+    this node's own disk or cache; a node that lacks it fails with the one-line reason."""
+    from fedapp.models.prior import cached_shipped, load_frozen_prior
+
+    digest = announced_digest(msg)
+    if digest is not None:
+        folder = cached_shipped(digest)
+        if folder is None:
+            raise ValueError(f"this node does not hold the shipped prior {digest[:16]}… (query.prior comes first)")
+        return load_frozen_prior(str(folder), None, device)
     try:
-        return load_prior(cfg.prior, device=device, dataset=cfg.dataset)
+        return load_frozen_prior(cfg.prior, cfg.dataset, device)
     except (ValueError, OSError) as err:
         raise ValueError(f"this node cannot load prior={cfg.prior!r}: {str(err).splitlines()[0][:300]}") from None
 
@@ -284,4 +306,5 @@ def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
     return RecordDict({P.UPLOAD_KEY: ArrayRecord(up), METRICS_KEY: metrics})
 
 
-HANDLERS = {P.TRAIN.message_type: handle_train, EVALUATE.message_type: handle_evaluate}
+HANDLERS = {P.PRIOR.message_type: handle_prior, P.TRAIN.message_type: handle_train,
+            EVALUATE.message_type: handle_evaluate}

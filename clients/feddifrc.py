@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from functools import lru_cache
 
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
@@ -121,13 +120,6 @@ class FedDifRCLoss:
 
 
 # ---- the per-client cache ------------------------------------------------------------------------
-@lru_cache(maxsize=2)
-def load_frozen_prior(spec: str, dataset: str, device: str):
-    from fedapp.models.prior import load_prior
-
-    return load_prior(spec, device=device, dataset=dataset)
-
-
 def cache_key(ctx: ClientContext) -> str:
     """Everything the static targets depend on: the data, the prior, t, blocks, basis, prompts, seed."""
     c, o = ctx.cfg, ctx.cfg.options
@@ -143,6 +135,8 @@ def extractor_for(ctx: ClientContext):
     from fedapp.models.features import UNetFeatureExtractor
 
     c, o = ctx.cfg, ctx.cfg.options
+    from fedapp.models.prior import load_frozen_prior
+
     prior = load_frozen_prior(c.prior, c.dataset, ctx.device)
     return UNetFeatureExtractor(prior, t=o.t, up_blocks=o.blocks_for(prior.num_up_blocks),
                                 seed=derive_seed("feddifrc-eps", o.noise_seed))

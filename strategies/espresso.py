@@ -137,13 +137,36 @@ class EspressoStrategy(OneShotStrategy):
 
     # ---- phase 1: the uploads -----------------------------------------------------------------------
     def prior_records(self) -> dict[str, Any]:
-        """The built-in prior as the train message's records (Flower chunks the ArrayRecord)."""
+        """The built-in prior as records (Flower chunks the ArrayRecord) and its digest."""
         if self._prior_records is None:
-            from fedapp.models.prior import prior_folder, prior_to_records
+            from fedapp.models.prior import prior_folder, prior_to_records, records_digest
 
             weights, files = prior_to_records(prior_folder(self.run.cfg.prior, self.run.cfg.dataset))
-            self._prior_records = {P.PRIOR_WEIGHTS_KEY: weights, P.PRIOR_FILES_KEY: files}
+            self._prior_records = {P.PRIOR_WEIGHTS_KEY: weights, P.PRIOR_FILES_KEY: files,
+                                   P.PRIOR_DIGEST_KEY: ConfigRecord({P.SHA256: records_digest(weights, files)})}
         return self._prior_records
+
+    def distribute_prior(self, grid, nodes: list[int]) -> list[int]:
+        """The nodes that hold the shipped prior after asking by digest and sending the weights in doubling
+        waves to those that lack it (fedapp.server.prior_waves); the others are recorded and left out."""
+        from fedapp.server.prior_waves import distribute
+        from fedapp.server.validation import passing
+
+        recs = self.prior_records()
+        digest_only = {P.PRIOR_DIGEST_KEY: recs[P.PRIOR_DIGEST_KEY]}
+
+        def answers(targets: list[int], records: dict[str, Any]) -> dict[int, bool]:
+            replies = self.exchange(grid, P.PRIOR, targets, lambda n: records, config=self.run_config_record())
+            kept = passing(self.run, replies, P.PRIOR, P.validate_has_prior)
+            return {r.metadata.src_node_id: r.content.metric_records[METRICS_KEY][P.HAS_PRIOR] == 1 for r in kept}
+
+        with self.run.phase("ship-prior", f"ask {len(nodes)} nodes for {recs[P.PRIOR_DIGEST_KEY][P.SHA256][:16]}…"):
+            waves = distribute(nodes, lambda t: answers(t, digest_only), lambda t: answers(t, recs))
+        for n in waves.refused:
+            self.run.fail(n, P.PRIOR.name, "sent the shipped prior, still does not hold it")
+        log.info("[prior] %d of %d nodes hold it; weights sent to %d (%d rounds of questions)", len(waves.holders),
+                 len(nodes), len(waves.sent_to), waves.questions)
+        return sorted(waves.holders)
 
     def ships_prior(self) -> bool:
         """The built-in tiny prior goes to the clients (they need not have built it) unless
@@ -154,8 +177,11 @@ class EspressoStrategy(OneShotStrategy):
 
     def collect_uploads(self, grid, nodes: list[int], validate) -> None:
         """The one upload phase: every valid upload is kept."""
-        records = (lambda n: self.prior_records()) if self.ships_prior() else None
-        replies = self.exchange(grid, P.TRAIN, nodes, records, config=self.run_config_record())
+        named: dict[str, Any] = {}  # the shipped prior's digest: the train message names what the node holds
+        if self.ships_prior():
+            nodes = self.distribute_prior(grid, nodes)
+            named = {P.PRIOR_DIGEST_KEY: self.prior_records()[P.PRIOR_DIGEST_KEY]}
+        replies = self.exchange(grid, P.TRAIN, nodes, lambda n: named, config=self.run_config_record())
         for r in keep_valid(self.run, replies, P.TRAIN, validate):
             self.keep_upload(r)
         secs = sorted(self.client_seconds.values()) or [0.0]  # a summary: one line at any number of clients

@@ -141,7 +141,9 @@ def test_prompts_with_and_without_labels():
 
 # ---- representations ----------------------------------------------------------------------------
 def _extractor(prior_dir):
-    prior = fd.load_frozen_prior(str(prior_dir), "digits", "cpu")
+    from fedapp.models.prior import load_frozen_prior
+
+    prior = load_frozen_prior(str(prior_dir), "digits", "cpu")
     return UNetFeatureExtractor(prior, t=300, up_blocks=(0, 1), seed=5, batch_size=16)
 
 

@@ -177,3 +177,24 @@ def test_a_domain_prior_builds_into_its_own_folder_and_says_its_domains(tmp_path
     assert json.loads((folder / "prior_meta.json").read_text())["domains"] == ["photo", "quickdraw"]
     assert folder == tiny_prior_path("digit-styles", cache_dir=tmp_path, config=TEST_CONFIG, steps=2,
                                      domains=("photo", "quickdraw"))
+
+
+def test_a_shipped_prior_is_named_by_its_digest_and_a_damaged_copy_is_not_held(built, tmp_path):
+    from fedapp.models.prior import cached_shipped, records_digest
+
+    _, folder = built
+    weights, files = prior_to_records(folder)
+    digest = records_digest(weights, files)
+    assert cached_shipped(digest, cache_dir=tmp_path) is None  # not received yet
+    with pytest.raises(ValueError, match="not the announced"):
+        prior_from_records(weights, files, cache_dir=tmp_path, expect="0" * 64)
+    shipped = prior_from_records(weights, files, cache_dir=tmp_path, expect=digest)
+    assert cached_shipped(digest, cache_dir=tmp_path) == shipped
+    assert records_digest(*prior_to_records(shipped)) == digest  # the folder hashes back to its name
+    other = tmp_path / "other"  # a copy whose bytes changed is not the prior its name says (fresh process view)
+    copy = prior_from_records(weights, files, cache_dir=other)
+    cfg = copy / "unet" / "config.json"
+    cfg.write_bytes(cfg.read_bytes().replace(b"{", b"{ ", 1))
+    assert cached_shipped(digest, cache_dir=other) is None
+    assert prior_from_records(weights, files, cache_dir=other, expect=digest) == copy  # re-received: whole again
+    assert cached_shipped(digest, cache_dir=other) == copy

@@ -1,7 +1,9 @@
 """Espresso's protocol (CVPR 2026): one upload per client, then one evaluation.
 
-    train     down: the run config (+ the built-in prior, PRIOR_WEIGHTS_KEY + PRIOR_FILES_KEY, when the
-                    server ships it; a folder or hub prior each node loads itself)
+    query.prior  (when the server ships the built-in prior) down: PRIOR_DIGEST_KEY, and in a wave also the
+                    weights (PRIOR_WEIGHTS_KEY + PRIOR_FILES_KEY)   up: HAS_PRIOR (fedapp.server.prior_waves)
+    train     down: the run config (+ PRIOR_DIGEST_KEY: the shipped prior this node holds; a folder or hub
+                    prior each node loads itself)
               up:   UPLOAD_KEY (conditions, cluster sizes, GMM of z^T, class counts) + metrics
     evaluate  down: the global classifier   up: its accuracy on the client's real test split
 
@@ -34,6 +36,9 @@ ARRAY_NAMES = (CLASS_COUNTS, EMBEDDINGS, EMBEDDING_CLASS, CLUSTER_SIZES, GMM_CLA
                GMM_VARIANCES)
 PRIOR_WEIGHTS_KEY = "prior-weights"  # ArrayRecord: the shipped prior's tensors (fedapp.models.prior.shipping)
 PRIOR_FILES_KEY = "prior-files"  # ConfigRecord: the shipped prior's configs and tokenizer files
+PRIOR_DIGEST_KEY = "prior-digest"  # ConfigRecord {SHA256: hex}: names the shipped prior (shipping.records_digest)
+SHA256 = "sha256"
+HAS_PRIOR = "has-prior"  # query.prior metric: 1 when the node holds the named prior, else 0
 CLIENT_SECONDS = "client-seconds"  # train metric: seconds of the client's work
 NUM_CONDITIONS = "num-conditions"  # train metric
 
@@ -59,10 +64,18 @@ def within_shard(content: RecordDict, facts: ShardFacts) -> str | None:
     return why
 
 
-TRAIN = Phase("train", down=(PRIOR_WEIGHTS_KEY, PRIOR_FILES_KEY), up=(UPLOAD_KEY, METRICS_KEY),
-              doc="conditions + GMM + class counts up; the prior's weights down when shipped",
+PRIOR = Phase("query.prior", down=(PRIOR_DIGEST_KEY, PRIOR_WEIGHTS_KEY, PRIOR_FILES_KEY), up=(METRICS_KEY,),
+              doc="does the node hold the shipped prior (digest down; the weights too in a wave)",
+              metrics=(HAS_PRIOR,))
+TRAIN = Phase("train", down=(PRIOR_DIGEST_KEY,), up=(UPLOAD_KEY, METRICS_KEY),
+              doc="conditions + GMM + class counts up; the shipped prior's digest down",
               metrics=(NUM_EXAMPLES_KEY, CLIENT_SECONDS, NUM_CONDITIONS), bound=within_shard)
-PHASES = (TRAIN, EVALUATE)
+PHASES = (PRIOR, TRAIN, EVALUATE)
+
+
+def validate_has_prior(content: RecordDict) -> str | None:
+    value = content.metric_records[METRICS_KEY][HAS_PRIOR]
+    return None if value in (0, 1) else f"{HAS_PRIOR}={value!r}: must be 0 or 1"
 SYNTHETIC_FILE = "synthetic.safetensors"  # in the run folder, with espresso.save-synthetic
 
 
@@ -101,8 +114,9 @@ class EspressoOptions:
     features: str = opt("unet", help="clustering features: unet (the prior's DIFT features) or a DINOv2/CLIP id/folder")
     synth_batch: int = opt(64, low=1, help="images per sampler call on the server")
     ship_prior: str = opt("auto", choices=("auto", "never"),
-                          help="auto: send the built-in tiny prior to the clients (Flower chunks it); never: each "
-                               "node loads it from its own cache. A folder or hub prior is never sent")
+                          help="auto: the built-in tiny prior goes to the nodes that lack it (named by its sha256; "
+                               "the weights in doubling waves, about once per machine); never: each node loads it "
+                               "from its own cache. A folder or hub prior is never sent")
     save_synthetic: bool = opt(False, help="also write the synthetic set to <run dir>/synthetic.safetensors "
                                            "(x, y, client) for diagnostics")
 

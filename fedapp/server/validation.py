@@ -133,10 +133,9 @@ def safe_reason(check: Callable[[], "str | None"]) -> str | None:
         return f"malformed upload ({type(err).__name__}: {str(err)[:200]})"
 
 
-def keep_valid(run: ServerRun, replies: Iterable[Message], phase: Phase, validate: Validator) -> list[Message]:
+def passing(run: ServerRun, replies: Iterable[Message], phase: Phase, validate: Validator) -> list[Message]:
     """The replies of `phase` that pass the gate (error replies are left out: MeteredGrid recorded
-    them); each rejection recorded with its node and reason. Raises only when fewer than
-    min-clients valid replies remain."""
+    them); each rejection recorded with its node and reason. Never raises."""
     kept = []
     for r in replies:
         if r.has_error():
@@ -146,6 +145,12 @@ def keep_valid(run: ServerRun, replies: Iterable[Message], phase: Phase, validat
             run.fail(r.metadata.src_node_id, phase.name, f"invalid upload: {reason}")
             continue
         kept.append(r)
+    return kept
+
+
+def keep_valid(run: ServerRun, replies: Iterable[Message], phase: Phase, validate: Validator) -> list[Message]:
+    """`passing`, in partition order; raises only when fewer than min-clients valid replies remain."""
+    kept = passing(run, replies, phase, validate)
     if len(kept) < run.cfg.min_clients:
         raise RuntimeError(f"[{phase.name}] only {len(kept)} valid replies, fewer than "
                            f"min-clients={run.cfg.min_clients}; see failures")

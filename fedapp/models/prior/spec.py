@@ -16,6 +16,7 @@ builds a missing tiny prior. The tiny package is imported only when a spec names
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import re
 from collections.abc import Callable
@@ -211,6 +212,14 @@ def prior_up_blocks(spec: str | Path, dataset: str | None = None, cache_dir: str
 def prior_folder(spec: str | Path, dataset: str | None) -> Path | None:
     """The local folder the prior loads from (so its weights can be shipped), None for a hub id."""
     return resolve_prior(spec, dataset).folder
+
+
+@functools.lru_cache(maxsize=2)
+def load_frozen_prior(spec: str, dataset: str | None, device: str) -> Prior:
+    """`load_prior`, once per process for a (spec, dataset, device): a client serves many messages (a Ray
+    actor many virtual clients) with the same frozen prior, and loading it (configs, tokenizer, weights)
+    costs more than a small client's work. The prior's modules are frozen (eval, no gradients)."""
+    return load_prior(spec, device=device, dataset=dataset)
 
 
 def load_prior(name_or_path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
