@@ -1,23 +1,26 @@
-"""The GPU check, prepared to run in one go on a CUDA machine (about 3-5 minutes on one GPU):
+"""The GPU check, prepared to run in one go on a CUDA machine (a few minutes on one GPU):
 
-    python benchmarks/gpu_check.py                 # CUDA: SD-layout prior at 64 px, 4 clients share the GPU
-    python benchmarks/gpu_check.py --device cpu --image-size 32 --per-class 2   # a dry run of the script on CPU
+    python benchmarks/gpu_check.py --in-process     # a bare GPU box: no Ray, clients served in this process
+    python benchmarks/gpu_check.py                  # through Ray: 4 clients share the GPU (0.25 each)
+    python benchmarks/gpu_check.py --device cpu --quick --in-process   # the suite's dry run of the script
 
-1. Builds an SD-1.5-layout prior with random weights at `--image-size` (VAE with 8x downsampling at 64 px:
-   8x8x4 latents; fedapp.models.prior.sd_layout) and saves it with save_pretrained.
-2. Times one sampler batch (25 DDIM steps, guided) on the CPU and on the device: the device/CPU ratio.
-3. Runs the default experiment (Espresso, digit-styles, domain partitioner, 4 clients) with that prior
-   through fedapp.simulate, 4 virtual clients sharing one GPU (backend num_gpus = 0.25 each), while a
-   thread polls nvidia-smi for each process's GPU memory.
-4. Prints wall time per phase, synthesis images/s and the peak GPU memory of each process (the Ray
-   actors and the server), and writes them to --out as JSON.
-Timing does not depend on the prior's weights; accuracy with a random prior is meaningless and not
-reported as a result.
+0. An import preflight: every module the chosen path needs, the missing ones named in one line (exit 2).
+1. Times a guided 25-step DDIM batch on a random-weight UNet of Stable Diffusion 1.5's real size (SD-1.5's
+   UNet2DConditionModel config: 860 M parameters, 64x64x4 latents, 77x768 text states), fp16 on CUDA:
+   images/s and peak memory. `--quick` uses a small UNet of the same layout instead (a CPU dry run).
+2. Builds an SD-1.5-layout prior with random weights at `--image-size` (fedapp.models.prior.sd_layout)
+   and runs the default experiment (Espresso, digit-styles, domain partitioner, 4 clients) with it:
+   in this process (`--in-process`: fedapp.simulation.simulate_in_process, no Ray) or through Ray with
+   the clients sharing the GPU, while a thread polls nvidia-smi for each process's GPU memory.
+3. Writes wall time per phase, synthesis images/s and the memory figures to --out as JSON.
+Timing does not depend on the weights; accuracy with a random prior is meaningless and not reported.
+Not timed here yet: one round of each other method at its table's budget.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -29,28 +32,63 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+# what fedapp imports on the check's path (the distributions: torch, numpy, flwr, diffusers, transformers,
+# safetensors, scikit-learn, scipy, datasets and flwr-datasets for the partitioners, matplotlib for plots)
+NEEDED = ("torch", "numpy", "flwr", "diffusers", "transformers", "safetensors", "sklearn", "scipy", "datasets",
+          "flwr_datasets", "matplotlib")
+SD15_UNET = dict(sample_size=64, in_channels=4, out_channels=4, cross_attention_dim=768,
+                 block_out_channels=(320, 640, 1280, 1280), layers_per_block=2, attention_head_dim=8)
+QUICK_UNET = dict(sample_size=8, in_channels=4, out_channels=4, cross_attention_dim=32,
+                  block_out_channels=(32, 64), layers_per_block=1, attention_head_dim=4, norm_num_groups=8,
+                  down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
+                  up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"))
 
-def time_sampler(folder: Path, device: str, batch: int, steps: int) -> float:
-    """Seconds for one guided DDIM batch (median of 3 after a warm-up)."""
+
+def missing_modules(in_process: bool) -> list[str]:
+    return [m for m in NEEDED + (() if in_process else ("ray",)) if importlib.util.find_spec(m) is None]
+
+
+def time_unet_batch(config: dict, device: str, batch: int, steps: int, guidance: float = 7.5) -> dict:
+    """A guided DDIM batch (classifier-free guidance: cond and uncond in one UNet call) on a random UNet of
+    `config`: median seconds of 3 after a warm-up, images/s, parameters, peak memory on CUDA."""
     import statistics
 
     import torch
+    from diffusers import DDIMScheduler, UNet2DConditionModel
 
-    from fedapp.models.prior import load_prior
+    dtype = torch.float16 if device.startswith("cuda") else torch.float32
+    torch.manual_seed(0)
+    unet = UNet2DConditionModel(**config).to(device, dtype).eval()
+    sched = DDIMScheduler(beta_schedule="scaled_linear", beta_start=0.00085, beta_end=0.012)
+    size, dim = config["sample_size"], config["cross_attention_dim"]
+    text = torch.randn(2 * batch, 77, dim, device=device, dtype=dtype)  # [uncond; cond] states
 
-    prior = load_prior(folder, device=device)
-    noise = torch.randn(batch, *prior.latent_shape, generator=torch.Generator().manual_seed(0))
-    prior.sample(noise, "a photo of the digit three", num_steps=steps)  # warm-up (CUDA kernels, caches)
-    times = []
-    for _ in range(3):
+    def run() -> None:
+        sched.set_timesteps(steps)
+        x = torch.randn(batch, 4, size, size, device=device, dtype=dtype)
+        with torch.no_grad():
+            for t in sched.timesteps:
+                uncond, cond = unet(torch.cat([x, x]), t, encoder_hidden_states=text).sample.chunk(2)
+                x = sched.step(uncond + guidance * (cond - uncond), t, x).prev_sample
+
+    def timed() -> float:
         if device.startswith("cuda"):
             torch.cuda.synchronize()
         t0 = time.perf_counter()
-        prior.sample(noise, "a photo of the digit three", num_steps=steps)
+        run()
         if device.startswith("cuda"):
             torch.cuda.synchronize()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        return time.perf_counter() - t0
+
+    if device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+    run()  # warm-up: kernels, caches
+    seconds = statistics.median(timed() for _ in range(3))
+    return {"parameters": sum(p.numel() for p in unet.parameters()), "latents": [4, size, size],
+            "dtype": str(dtype).replace("torch.", ""), "batch": batch, "steps": steps, "guidance": guidance,
+            "seconds": round(seconds, 3), "images_per_second": round(batch / seconds, 2),
+            "peak_memory_mib": (round(torch.cuda.max_memory_allocated() / 2**20) if device.startswith("cuda")
+                                else None)}
 
 
 class GpuMemoryPoller(threading.Thread):
@@ -74,69 +112,88 @@ class GpuMemoryPoller(threading.Thread):
             self.stop.wait(self.every)
 
 
+def run_experiment(a, work: Path) -> dict:
+    """The default Espresso experiment on a random SD-layout prior: wall time, phases, synthesis rate."""
+    import fedapp
+    from fedapp.models.prior.sd_layout import random_sd_pipeline
+    from fedapp.simulation import simulate_in_process
+
+    levels = {32: 2, 64: 4}.get(a.image_size, 2)  # 64 px: 8x downsampling, as SD's VAE
+    random_sd_pipeline(work, image_size=a.image_size, levels=levels).save_pretrained(work / "prior")
+    cfg = {"method": "espresso", "prior": str(work / "prior"), "device": a.device, "partitioner.per-class": a.per_class,
+           "min-clients": a.clients, "out-dir": str(work / "runs")}
+    if a.quick:
+        cfg.update({"espresso.steps": 2, "espresso.embed-steps": 2, "espresso.ratio": 1.0, "server-epochs": 1})
+    gpus = a.gpus_per_client if a.device.startswith("cuda") else 0.0
+    poller = GpuMemoryPoller()
+    if a.device.startswith("cuda"):
+        poller.start()
+    t0 = time.time()
+    if a.in_process:
+        summary = simulate_in_process(cfg, num_clients=a.clients)
+    else:
+        summary = fedapp.simulate(cfg, num_clients=a.clients,
+                                  backend={"client_resources": {"num_cpus": 1, "num_gpus": gpus}})
+    wall = time.time() - t0
+    poller.stop.set()
+    synth = summary["phase_seconds"].get("synthesis") or float("nan")
+    n = summary["metrics"].get("num_synthetic", 0)
+    return {"clients": a.clients, "in_process": a.in_process, "gpus_per_client": None if a.in_process else gpus,
+            "image_size": a.image_size, "latent_shape": [4] + [a.image_size // 2 ** (levels - 1)] * 2,
+            "status": summary["status"], "wall_seconds": round(wall, 1), "phase_seconds": summary["phase_seconds"],
+            "num_synthetic": n, "synthesis_images_per_second": round(n / synth, 1),
+            "peak_gpu_memory_mib_per_process": poller.peak}
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu for a dry run of the script")
-    ap.add_argument("--image-size", type=int, default=64, help="pixels per side of the SD-layout prior (64: 8x VAE)")
+    ap.add_argument("--in-process", action="store_true", help="serve the clients in this process: no Ray")
+    ap.add_argument("--quick", action="store_true", help="small UNet, 32 px prior, 2 sampler steps (CPU dry run)")
+    ap.add_argument("--image-size", type=int, default=None, help="pixels per side of the SD-layout prior "
+                                                                 "(default 64, --quick 32)")
     ap.add_argument("--clients", type=int, default=4)
     ap.add_argument("--gpus-per-client", type=float, default=0.25)
-    ap.add_argument("--per-class", type=int, default=16, help="training images per class per client")
-    ap.add_argument("--batch", type=int, default=64, help="images in the timed sampler batch")
-    ap.add_argument("--steps", type=int, default=25, help="DDIM steps of the timed sampler batch")
+    ap.add_argument("--per-class", type=int, default=None, help="training images per class per client "
+                                                                "(default 16, --quick 2)")
+    ap.add_argument("--batch", type=int, default=None, help="images in the timed UNet batch (default 8, --quick 2)")
+    ap.add_argument("--steps", type=int, default=None, help="DDIM steps of the timed batch (default 25, --quick 2)")
     ap.add_argument("--out", default="docs/results/gpu_check.json")
     a = ap.parse_args(argv)
-
+    for key, full, quick in (("image_size", 64, 32), ("per_class", 16, 2), ("batch", 8, 2), ("steps", 25, 2)):
+        if getattr(a, key) is None:
+            setattr(a, key, quick if a.quick else full)
+    missing = missing_modules(a.in_process)
+    if missing:
+        sys.exit(f"gpu_check: missing Python modules: {', '.join(missing)} (install the wheels folder: "
+                 "pip install --no-index --find-links <folder> <names>)")
     import torch
-
-    import fedapp
-    from fedapp.models.prior.sd_layout import random_sd_pipeline
 
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device here; run it on a GPU machine (or --device cpu for a dry run)")
-    levels = {32: 2, 64: 4}.get(a.image_size, 2)  # 64 px: 8x downsampling, as SD's VAE
+    t0 = time.time()
+    unet = time_unet_batch(QUICK_UNET if a.quick else SD15_UNET, a.device, a.batch, a.steps)
+    print(f"UNet {unet['parameters'] / 1e6:.0f} M parameters, {unet['dtype']}, batch {a.batch} x {a.steps} "
+          f"guided DDIM steps: {unet['seconds']:.2f} s ({unet['images_per_second']} images/s), "
+          f"peak {unet['peak_memory_mib']} MiB", flush=True)
     work = Path(tempfile.mkdtemp(prefix="fedapp-gpu-check-"))
     try:
-        random_sd_pipeline(work, image_size=a.image_size, levels=levels).save_pretrained(work / "prior")
-        cpu_s = time_sampler(work / "prior", "cpu", a.batch, a.steps)
-        dev_s = time_sampler(work / "prior", a.device, a.batch, a.steps) if a.device != "cpu" else cpu_s
-        poller = GpuMemoryPoller()
-        if a.device.startswith("cuda"):
-            poller.start()
-        gpus = a.gpus_per_client if a.device.startswith("cuda") else 0.0
-        t0 = time.time()
-        summary = fedapp.simulate(
-            {"method": "espresso", "prior": str(work / "prior"), "device": a.device,
-             "partitioner.per-class": a.per_class, "min-clients": a.clients, "out-dir": str(work / "runs")},
-            num_clients=a.clients, backend={"client_resources": {"num_cpus": 1, "num_gpus": gpus}})
-        wall = time.time() - t0
-        poller.stop.set()
-        m = summary["metrics"]
-        synth = summary["phase_seconds"].get("synthesis", float("nan"))
-        result = {
-            "device": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "cpu",
-            "image_size": a.image_size, "latent_shape": [4] + [a.image_size // 2 ** (levels - 1)] * 2,
-            "sampler_batch": {"batch": a.batch, "steps": a.steps, "cpu_seconds": round(cpu_s, 3),
-                              "device_seconds": round(dev_s, 3), "cpu_over_device": round(cpu_s / dev_s, 2)},
-            "experiment": {"clients": a.clients, "gpus_per_client": gpus, "status": summary["status"],
-                           "wall_seconds": round(wall, 1), "phase_seconds": summary["phase_seconds"],
-                           "num_synthetic": m.get("num_synthetic"),
-                           "synthesis_images_per_second": round(m.get("num_synthetic", 0) / synth, 1)},
-            "peak_gpu_memory_mib_per_process": poller.peak,
-        }
+        experiment = run_experiment(a, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"sampler batch {a.batch} x {a.steps} steps: CPU {cpu_s:.2f} s, {a.device} {dev_s:.2f} s "
-          f"-> {cpu_s / dev_s:.1f}x")
-    print(f"espresso, {a.clients} clients x {gpus} GPU: {result['experiment']['wall_seconds']} s wall, "
-          f"synthesis {result['experiment']['synthesis_images_per_second']} img/s")
-    for phase, sec in summary["phase_seconds"].items():
+    result = {"device": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "cpu",
+              "torch": torch.__version__, "quick": a.quick, "sd15_size_unet_batch": unet, "espresso": experiment,
+              "total_seconds": round(time.time() - t0, 1)}
+    print(f"espresso, {a.clients} clients ({'in process' if a.in_process else 'Ray'}): "
+          f"{experiment['wall_seconds']} s wall, synthesis {experiment['synthesis_images_per_second']} img/s")
+    for phase, sec in experiment["phase_seconds"].items():
         print(f"  {phase:<12} {sec:8.1f} s")
-    for pid, mib in sorted(poller.peak.items()):
-        print(f"  pid {pid}: peak {mib} MiB")
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2) + "\n")
+    tmp = out.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.replace(out)  # whole or not at all
     return result
 
 

@@ -91,7 +91,8 @@ def test_a_worker_node_killed_mid_run_leaves_a_completed_run_that_records_what_i
 
 
 def test_four_clients_share_a_gpu_a_fifth_waits_and_each_logs_its_device(tmp_path):
-    trace = tmp_path / "trace.jsonl"
+    trace, started = tmp_path / "trace.jsonl", tmp_path / "started"
+    started.mkdir()
 
     def record(msg, context, call_next):
         # in the Ray actor: what Ray assigned, and the device line fedapp logs for this client
@@ -102,9 +103,14 @@ def test_four_clients_share_a_gpu_a_fifth_waits_and_each_logs_its_device(tmp_pat
         handler.emit = lambda r: lines.append(r.getMessage())
         logging.getLogger("fedapp").addHandler(handler)
         t0 = time.time()
+        (started / str(context.node_config["partition-id"])).touch()
         try:
             reply = call_next(msg, context)
-            time.sleep(1.0)  # hold the actor so that concurrent clients overlap measurably
+            # hold the actor until four clients have started (or 60 s): the actors' start-ups are staggered by
+            # their imports, and a fifth concurrent client, were Ray to allow one, would be inside by then
+            while len(list(started.iterdir())) < 4 and time.time() - t0 < 60:
+                time.sleep(0.05)
+            time.sleep(0.5)
         finally:
             logging.getLogger("fedapp").removeHandler(handler)
         with trace.open("a") as f:
