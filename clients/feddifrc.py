@@ -133,10 +133,9 @@ def extractor_for(ctx: ClientContext):
     """The DIFT extractor of this run: its prior, t, blocks and one fixed eps (feddifrc.noise-seed: the
     paper's fixed noise), so a sample's maps depend neither on which client holds it nor on the run seed."""
     from fedapp.models.features import UNetFeatureExtractor
-
-    c, o = ctx.cfg, ctx.cfg.options
     from fedapp.models.prior import load_frozen_prior
 
+    c, o = ctx.cfg, ctx.cfg.options
     prior = load_frozen_prior(c.prior, c.dataset, ctx.device)
     return UNetFeatureExtractor(prior, t=o.t, up_blocks=o.blocks_for(prior.num_up_blocks),
                                 seed=derive_seed("feddifrc-eps", o.noise_seed))

@@ -198,3 +198,19 @@ def test_a_shipped_prior_is_named_by_its_digest_and_a_damaged_copy_is_not_held(b
     assert cached_shipped(digest, cache_dir=other) is None
     assert prior_from_records(weights, files, cache_dir=other, expect=digest) == copy  # re-received: whole again
     assert cached_shipped(digest, cache_dir=other) == copy
+
+
+def test_a_frozen_prior_is_loaded_once_per_folder_not_once_per_spec(built, tmp_path, monkeypatch):
+    import shutil
+
+    from fedapp.models.prior import load_frozen_prior
+    from fedapp.models.prior.tiny import tiny_prior_path
+
+    _, folder = built
+    loaded = {}
+    for name in ("a", "b"):  # the same spec, `tiny`, under two cache roots: two folders, two priors
+        monkeypatch.setenv("FEDAPP_CACHE", str(tmp_path / name))
+        shutil.copytree(folder, tiny_prior_path("digits"))
+        loaded[name] = load_frozen_prior("tiny", "digits", "cpu")
+        assert load_frozen_prior("tiny", "digits", "cpu") is loaded[name]  # kept for the next message
+    assert loaded["a"] is not loaded["b"]

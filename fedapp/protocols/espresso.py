@@ -71,12 +71,13 @@ TRAIN = Phase("train", down=(PRIOR_DIGEST_KEY,), up=(UPLOAD_KEY, METRICS_KEY),
               doc="conditions + GMM + class counts up; the shipped prior's digest down",
               metrics=(NUM_EXAMPLES_KEY, CLIENT_SECONDS, NUM_CONDITIONS), bound=within_shard)
 PHASES = (PRIOR, TRAIN, EVALUATE)
+SYNTHETIC_FILE = "synthetic.safetensors"  # in the run folder, with espresso.save-synthetic
 
 
 def validate_has_prior(content: RecordDict) -> str | None:
+    """A query.prior reply: HAS_PRIOR is 0 or 1."""
     value = content.metric_records[METRICS_KEY][HAS_PRIOR]
     return None if value in (0, 1) else f"{HAS_PRIOR}={value!r}: must be 0 or 1"
-SYNTHETIC_FILE = "synthetic.safetensors"  # in the run folder, with espresso.save-synthetic
 
 
 @dataclass(frozen=True)

@@ -14,8 +14,7 @@ from .pipeline import Condition, Prior, SampleResult, diffusion_target, load_com
 from .samplers import DEFAULT_GAMMA2, DEFAULT_GUIDANCE, DEFAULT_ZIGZAG_T, expected_unet_evals, leading_timesteps
 from .shipping import cached_shipped, prior_from_records, prior_to_records, records_digest
 from .spec import (PriorSource, ensure_prior_built, is_tiny, load_frozen_prior, load_or_build_prior, load_prior,
-                   prior_folder,
-                   prior_guidance, prior_image_size, prior_up_blocks, resolve_prior, tiny_prior_missing)
+                   prior_folder, prior_guidance, prior_image_size, prior_up_blocks, resolve_prior, tiny_prior_missing)
 from .tiny.config import DEFAULT_DATASET as DEFAULT_TINY_DATASET
 
 __all__ = ["DEFAULT_GAMMA2", "DEFAULT_GUIDANCE", "DEFAULT_TINY_DATASET", "DEFAULT_ZIGZAG_T", "Condition", "Prior",

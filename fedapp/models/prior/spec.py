@@ -214,12 +214,18 @@ def prior_folder(spec: str | Path, dataset: str | None) -> Path | None:
     return resolve_prior(spec, dataset).folder
 
 
-@functools.lru_cache(maxsize=2)
 def load_frozen_prior(spec: str, dataset: str | None, device: str) -> Prior:
-    """`load_prior`, once per process for a (spec, dataset, device): a client serves many messages (a Ray
-    actor many virtual clients) with the same frozen prior, and loading it (configs, tokenizer, weights)
-    costs more than a small client's work. The prior's modules are frozen (eval, no gradients)."""
-    return load_prior(spec, device=device, dataset=dataset)
+    """`load_prior`, once per process for a (spec, dataset, device) and the folder it resolves to: a client
+    serves many messages (a Ray actor many virtual clients) with the same frozen prior, and loading it
+    (configs, tokenizer, weights) costs more than a small client's work. Keyed by the folder too, so that
+    `tiny` under another cache root is another prior. The prior's modules are frozen (eval, no gradients)."""
+    folder = prior_folder(spec, dataset)
+    return _frozen_prior(str(spec), dataset, device, None if folder is None else str(folder))
+
+
+@functools.lru_cache(maxsize=2)
+def _frozen_prior(spec: str, dataset: str | None, device: str, folder: str | None) -> Prior:
+    return load_prior(spec, device=device, dataset=dataset)  # `folder`: part of the cache key only
 
 
 def load_prior(name_or_path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32,
