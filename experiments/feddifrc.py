@@ -269,7 +269,7 @@ def write_table(path: Path, setup: dict[str, Any], results: dict[str, Any]) -> d
     return results
 
 
-def main(argv: list[str]) -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog("feddifrc"), description=__doc__.split("\n")[0])
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--splits", default=",".join(DEFAULT_SPLITS), help=f"subset of {','.join(SPLITS)}")
@@ -290,7 +290,11 @@ def main(argv: list[str]) -> None:
     p.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     p.add_argument("--fresh", action="store_true", help="ignore cells already in <out>/feddifrc.json")
     p.add_argument("--set", nargs="*", default=[], help="run-config overrides, e.g. feddifrc.up-blocks=0,1")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> None:
+    a = parser().parse_args(argv)
     check_cpu_budget(1, a.threads)
     import torch
 

@@ -161,7 +161,8 @@ class EspressoStrategy(OneShotStrategy):
             return {r.metadata.src_node_id: r.content.metric_records[METRICS_KEY][P.HAS_PRIOR] == 1 for r in kept}
 
         with self.run.phase("ship-prior", f"ask {len(nodes)} nodes for {recs[P.PRIOR_DIGEST_KEY][P.SHA256][:16]}…"):
-            waves = distribute(nodes, lambda t: answers(t, digest_only), lambda t: answers(t, recs))
+            waves = distribute(nodes, lambda t: answers(t, digest_only), lambda t: answers(t, recs),
+                               waves=self.opts.ship_prior == "auto")
         for n in waves.refused:
             self.run.fail(n, P.PRIOR.name, "sent the shipped prior, still does not hold it")
         log.info("[prior] %d of %d nodes hold it; weights sent to %d (%d rounds of questions)", len(waves.holders),
@@ -173,7 +174,7 @@ class EspressoStrategy(OneShotStrategy):
         ship-prior=never or the clients need no prior; a folder or hub prior never does."""
         from fedapp.models.prior import is_tiny
 
-        return P.needs_prior(self.opts) and self.opts.ship_prior == "auto" and is_tiny(self.run.cfg.prior)
+        return P.needs_prior(self.opts) and self.opts.ship_prior != "never" and is_tiny(self.run.cfg.prior)
 
     def collect_uploads(self, grid, nodes: list[int], validate) -> None:
         """The one upload phase: every valid upload is kept."""

@@ -262,12 +262,13 @@ class Federation:
         self.home.mkdir(parents=True, exist_ok=True)
         self.env = flwr_env(self.home)
 
-    def start(self, name: str, cmd: Sequence[str], prefix: Sequence[str] = ()) -> Proc:
+    def start(self, name: str, cmd: Sequence[str], prefix: Sequence[str] = (),
+              env: dict[str, str] | None = None) -> Proc:
         """Start `cmd` in its own session, logging to `<name>.log`; `prefix` goes before it
-        (e.g. `ip netns exec NS`)."""
+        (e.g. `ip netns exec NS`); `env` adds to the federation's environment."""
         log = self.folder / f"{name}.log"
         with open(log, "w") as fh:
-            p = subprocess.Popen([*prefix, *cmd], env=self.env, stdout=fh, stderr=subprocess.STDOUT,
+            p = subprocess.Popen([*prefix, *cmd], env={**self.env, **(env or {})}, stdout=fh, stderr=subprocess.STDOUT,
                                  start_new_session=True, cwd=self.folder)
         proc = Proc(name, p, log)
         self.procs.append(proc)
@@ -284,15 +285,16 @@ class Federation:
 
     def supernode(self, name: str, superlink: str, partition: int, partitions: int,
                   certs: Certs | None = None, key: Path | None = None, prefix: Sequence[str] = (),
-                  launcher: Sequence[str] | None = None) -> Proc:
+                  launcher: Sequence[str] | None = None, env: dict[str, str] | None = None) -> Proc:
         """A SuperNode serving partition `partition` of `partitions`; its own Runtime API on a free
-        loopback port (several nodes share this machine)."""
+        loopback port (several nodes share this machine); `env` adds to its environment (e.g. a
+        FEDAPP_CACHE of its own, as a node on another machine has)."""
         tls = ["--root-certificates", str(certs.ca)] if certs else ["--insecure"]
         auth = ["--auth-supernode-private-key", str(key)] if key else []
         return self.start(name, [*(launcher or [flower("flower-supernode")]), *tls, *auth, "--superlink", superlink,
                                  "--host", "127.0.0.1", "--port", str(free_port()),
                                  "--node-config", f"partition-id={partition} num-partitions={partitions}"],
-                          prefix=prefix)
+                          prefix=prefix, env=env)
 
     def connection(self, name: str, address: str, certs: Certs | None = None) -> None:
         """Add a named SuperLink connection to FLWR_HOME/config.toml (what `flwr run . NAME` uses)."""

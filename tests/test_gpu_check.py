@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import gpu_check  # noqa: E402
 
 
-def test_the_quick_cpu_run_times_the_unet_and_runs_espresso_in_process(tmp_path):
+def test_the_quick_cpu_run_times_the_unet_and_runs_espresso_and_every_other_method_in_process(tmp_path):
     out = tmp_path / "gpu_check.json"
     gpu_check.main(["--device", "cpu", "--quick", "--in-process", "--clients", "2", "--out", str(out)])
     r = json.loads(out.read_text())
@@ -20,6 +20,27 @@ def test_the_quick_cpu_run_times_the_unet_and_runs_espresso_in_process(tmp_path)
     e = r["espresso"]
     assert e["status"] == "completed" and e["in_process"] and e["clients"] == 2 and e["latent_shape"] == [4, 16, 16]
     assert e["num_synthetic"] > 0 and e["phase_seconds"]["synthesis"] > 0
+    others = r["other_methods"]
+    assert set(others) == {"fedavg", "moon", "feddifrc", "pfdm", "dcfm-a", "dcfm-b"}
+    assert all(o["status"] == "completed" and o["failures"] == 0 and o["wall_seconds"] > 0 for o in others.values())
+    assert [others[m]["rounds"] for m in ("fedavg", "moon", "feddifrc")] == [1, 1, 1]
+    assert others["dcfm-a"]["phase_seconds"]["peer_round1"] > 0 and others["dcfm-b"]["phase_seconds"]["distill"] > 0
+
+
+def test_the_other_methods_run_at_their_tables_configs_but_one_round():
+    """Full (not --quick) rows: each table's own config function's output, rounds cut to one."""
+    from experiments import dcfm, feddifrc, pfdm
+
+    rows = {name: (cfg, n) for name, cfg, n in gpu_check.other_method_rows("runs", "/p32", quick=False)}
+    fd = feddifrc.parser().parse_args(["--runs-dir", "runs"])
+    assert rows["fedavg"] == ({**feddifrc.cell_config(fd, 0, "a0.1", "fedavg"), "num-server-rounds": 1}, 10)
+    assert rows["moon"][0]["dataset"] == "mnist-5k" and rows["moon"][0]["local-epochs"] == 2
+    assert rows["feddifrc"][0]["prior"] == "/p32" and rows["feddifrc"][0]["image-size"] == 32
+    assert rows["pfdm"] == (pfdm.config(pfdm.parser().parse_args(["--runs", "runs"]), "pfdm", 0), 4)
+    for name in ("dcfm-a", "dcfm-b"):
+        cfg, n = rows[name]
+        assert n == 5 and cfg["partitioner.split"] == "non-iid"
+        assert {k: cfg[k] for k in dcfm.SETTINGS} == dcfm.SETTINGS
 
 
 def test_the_full_size_unet_is_stable_diffusion_1_5s():
@@ -38,3 +59,34 @@ def test_a_missing_module_is_named_in_one_line_before_anything_runs(monkeypatch,
     assert message.startswith("gpu_check: missing Python modules: no_such_module_xyz") and "\n" not in message
     assert not (tmp_path / "x.json").exists()
     assert gpu_check.missing_modules(in_process=True) == ["no_such_module_xyz"]  # the rest are here
+
+
+def test_the_wheel_set_is_the_checks_imports_and_their_requirements_without_torch():
+    import gpu_wheels
+
+    pins = gpu_wheels.needed()
+    assert "torch" not in pins and "sympy" not in pins  # the box has torch and what torch requires
+    assert {"flwr", "diffusers", "transformers", "scikit-learn", "mlxtend"} <= set(pins)
+    assert {"pyarrow", "scipy", "grpcio"} <= set(pins)  # required by datasets, scikit-learn, flwr: pip needs them
+    assert "ray" not in pins  # in process: flwr without its simulation extra
+    import importlib.metadata as md
+
+    assert pins["diffusers"] == md.version("diffusers")  # the tested version, pinned
+
+
+def test_wheels_are_sorted_into_parts_that_each_fit_the_limit(tmp_path):
+    import gpu_wheels
+
+    sizes = {"a": 50, "b": 30, "c": 30, "d": 20, "e": 5, "f": 1}  # MiB
+    for name, mib in sizes.items():
+        with open(tmp_path / f"{name}-1.0-py3-none-any.whl", "wb") as f:
+            f.truncate(mib * 2**20)  # sparse: the size without the bytes
+    (tmp_path / "requirements.txt").write_text("a==1.0\n")
+    parts = gpu_wheels.split_into_parts(tmp_path, 60)
+    held = [{p.name.split("-")[0] for p in part.glob("*.whl")} for part in parts]
+    assert sorted(n for h in held for n in h) == sorted(sizes)  # every wheel in exactly one part
+    assert all(sum(sizes[n] for n in h) <= 60 for h in held) and len(parts) == 3  # 136 MiB: 3 parts of <= 60
+    assert (parts[0] / "requirements.txt").exists() and not list(tmp_path.glob("*.whl"))
+    (parts[0] / "a-1.0-py3-none-any.whl").rename(tmp_path / "a-1.0-py3-none-any.whl")
+    with pytest.raises(SystemExit, match="a-1.0-py3-none-any.whl alone is 50.0 MiB, over --limit-mib=40"):
+        gpu_wheels.split_into_parts(tmp_path, 40)

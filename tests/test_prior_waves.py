@@ -42,3 +42,12 @@ def test_a_node_that_never_answers_is_lost_and_the_others_still_get_it():
     world = Machines({n: n for n in range(6)}, broken={2})
     out = distribute(range(6), world.ask, world.send)
     assert sorted(out.holders) == [0, 1, 3, 4, 5] and out.lost == [2] and 2 not in out.sent_to
+
+
+def test_one_wave_sends_every_node_that_lacks_it_after_one_question():
+    """waves=False (ship-prior=all, a deployment: each node its own machine): one round of questions, the
+    weights to each lacking node once, none to a node that holds it."""
+    world = Machines({n: n for n in range(7)}, holding={3})
+    out = distribute(range(7), world.ask, world.send, waves=False)
+    assert out.questions == 1 and sorted(out.sent_to) == [0, 1, 2, 4, 5, 6] and world.sent == 6
+    assert sorted(out.holders) == list(range(7))

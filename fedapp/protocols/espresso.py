@@ -114,9 +114,11 @@ class EspressoOptions:
     diffusions_per_latent: int = opt(4, low=1, help="forward diffusions (fresh eps) of each MixUp'd latent")
     features: str = opt("unet", help="clustering features: unet (the prior's DIFT features) or a DINOv2/CLIP id/folder")
     synth_batch: int = opt(64, low=1, help="images per sampler call on the server")
-    ship_prior: str = opt("auto", choices=("auto", "never"),
+    ship_prior: str = opt("auto", choices=("auto", "all", "never"),
                           help="auto: the built-in tiny prior goes to the nodes that lack it (named by its sha256; "
-                               "the weights in doubling waves, about once per machine); never: each node loads it "
+                               "the weights in doubling waves, about once per machine: a simulation's actors share "
+                               "their machine's cache); all: to every node that lacks it at once (a deployment, "
+                               "one SuperNode per machine: one round of questions); never: each node loads it "
                                "from its own cache. A folder or hub prior is never sent")
     save_synthetic: bool = opt(False, help="also write the synthetic set to <run dir>/synthetic.safetensors "
                                            "(x, y, client) for diagnostics")

