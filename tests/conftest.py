@@ -56,3 +56,10 @@ def fedapp_log(caplog):
     logger.removeHandler(caplog.handler)
     logger.setLevel(level)
     logger.propagate = propagate
+
+
+@pytest.fixture
+def one_thread_actors(monkeypatch):
+    """Ray actors (and any process a test starts) with one torch thread: a Ray instance started by this
+    process passes OMP_NUM_THREADS on to its workers; this process keeps the threads it already has."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")

@@ -206,6 +206,8 @@ def _check_summary(s):
 
 
 def test_simulation_dcfm_b_moves_exactly_two_model_transfers_per_client(tmp_path):
+    """Through Ray (the flow methods' one Ray run; every flow method's transfers on the in-process grid
+    below: A 1 + R N, FedFlow 2 T, DDM, local-only)."""
     s = _sim(tmp_path, "dcfm", **{"dcfm.variant": "b"})
     m = _check_summary(s)
     assert set(m["model_transfers_by_client"]) == {"0", "1", "2"}
@@ -213,20 +215,6 @@ def test_simulation_dcfm_b_moves_exactly_two_model_transfers_per_client(tmp_path
         assert round(v) == 2 and abs(v - 2) < 0.05, (c, v)  # expert up + student down
         per = s["comm"]["per_client"][c]
         assert per["messages_up"] == 2 and per["messages_down"] == 2  # train, query.receive
-
-
-def test_simulation_dcfm_a_moves_r_times_n_plus_one(tmp_path):
-    s = _sim(tmp_path, "dcfm", **{"dcfm.variant": "a", "dcfm.rounds": 1})
-    m = _check_summary(s)
-    # Stage I upload (1) + per round: N - 1 peers down + the own expert up (N): 1 + R N with N = 3, R = 1
-    for v in m["model_transfers_by_client"].values():
-        assert abs(v - 4) < 0.1
-
-
-def test_simulation_fedflow_moves_two_t(tmp_path):
-    m = _check_summary(_sim(tmp_path, "fedflow"))
-    for v in m["model_transfers_by_client"].values():
-        assert abs(v - 4) < 0.1  # 2 T with T = 2 rounds
 
 
 def test_simulation_dcfm_a_sequential_schedule_moves_as_many_models_as_the_allgather(tmp_path):

@@ -299,6 +299,25 @@ def test_strategy_drops_a_bad_upload_and_keeps_the_rest(tmp_path, prior, shard, 
 
 
 # ---- synthesis ---------------------------------------------------------------------------------------------
+
+
+def test_synthesis_batched_across_clients_makes_each_clients_own_images(tmp_path, prior, upload, shard, monkeypatch):
+    """Batches of espresso.synth-batch span clients; each client's images are still those of its own plan
+    (its seed): the same as synthesizing it alone, in the clients' order, and grids only for the first
+    GRID_CLIENTS clients."""
+    s = _strategy(tmp_path, prior, **{"espresso.synth-batch": 7})
+    s.prior, s.uploads = prior, {0: upload, 3: upload, 5: upload}
+    pc = prior.encode_prompts(class_prompts(DATASET, shard.info.class_names))
+    monkeypatch.setattr(server, "GRID_CLIENTS", 2)
+    x, y, who, _ = s.synthesize_all(pc, 10)
+    for pid in (0, 3, 5):
+        seed = server.derive_seed(s.run.cfg.seed, pid)
+        alone_x, alone_y, _ = server.synthesize_client(prior, upload, s.opts, pc, seed)
+        assert torch.equal(y[who == pid], alone_y)
+        assert (x[who == pid] - alone_x).abs().max() < 1e-3  # batch composition: float rounding, < 1/8 of a grey level
+    assert who.tolist() == sorted(who.tolist()) and len(x) % 7 != 0  # a batch ended inside a client
+    assert sorted(p.name for p in (tmp_path / "run" / "images").glob("synthetic_client*.png")) == [
+        "synthetic_client0.png", "synthetic_client3.png"]
 def test_plan_synthesis_follows_ratio_cluster_sizes_and_switches(prior, shard, upload):
     opts, up = _opts(**{"espresso.ratio": 2.0}), upload
     pc = prior.encode_prompts(class_prompts(DATASET, shard.info.class_names))

@@ -11,7 +11,10 @@ from clients import moon
 from fedapp.config import all_defaults
 from fedapp.protocols.moon import STATE_PREV_MODEL
 
-ONE_ACTOR = {"client_resources": {"num_cpus": 2, "num_gpus": 0.0}}  # one Ray actor: one torch import on 2 cores
+# one Ray actor: one torch import on 2 cores. With one torch thread (one_thread_actors): Ray would set the
+# actor's OMP_NUM_THREADS to its num_cpus, 2, which thrash beside the driver (FedDifRC's end-to-end run:
+# 190 s against 35 s on a busy machine)
+ONE_ACTOR = {"client_resources": {"num_cpus": 2, "num_gpus": 0.0}}
 
 
 def test_l_con_prefers_the_global_model_and_is_log2_when_both_coincide():
@@ -46,7 +49,7 @@ def test_previous_local_model_lives_in_context_state(tmp_path, monkeypatch):
         assert any(k.startswith("proj.") for k in prev)
 
 
-def test_moon_simulation_end_to_end(tmp_path):
+def test_moon_simulation_end_to_end(tmp_path, one_thread_actors):
     s = fedapp.simulate({"method": "moon", "dataset": "digits", "num-server-rounds": 2, "local-epochs": 1,
                          "out-dir": str(tmp_path), "min-clients": 2, "partitioner": "iid",
                          "partitioner.per-class": 5}, num_clients=2, backend=ONE_ACTOR)

@@ -113,7 +113,8 @@ def test_image_size_auto_comes_from_the_prior_and_a_conflict_is_one_line(sd, tmp
 SD_FAST = {"dataset": "digit-styles", "partitioner.name": "domain", "partitioner.per-class": 2, "min-clients": 2,
            "server-epochs": 1, "espresso.embed-steps": 2, "espresso.mixup-pairs": 8, "espresso.steps": 2,
            "espresso.ratio": 1.0, "espresso.synth-batch": 16, "espresso.clusters": 2, "espresso.gmm-components": 2,
-           "espresso.zigzag-t": 300, "num-server-rounds": 1, "local-epochs": 1}
+           "espresso.zigzag-t": 300, "num-server-rounds": 1, "local-epochs": 1,
+           "feddifrc.pca-fit": "client"}  # the Ray actor fits its basis on its 20 images, not 128 public ones
 
 
 @pytest.mark.parametrize("method", ["espresso", "prompts", "feddifrc"])
