@@ -180,14 +180,17 @@ def verdict_mark(verdict: dict[str, Any] | None) -> str:
 def paired_difference(a: dict[Any, float | None], b: dict[Any, float | None],
                       higher_is_better: bool) -> dict[str, Any]:
     """a - b over the seeds both have a number for (keys compared as strings: json keeps seeds as "0"):
-    the mean and std (ddof 0, as over_seeds) of the per-seed differences, n, and "favour": how many seeds
-    favour a (a > b when higher is better, a < b when lower is; a tie favours neither)."""
+    the mean and std (ddof 0, as over_seeds) of the per-seed differences, n, "favour": how many seeds
+    favour a (a > b when higher is better, a < b when lower is; a tie favours neither), and the per-seed
+    differences themselves ({seed: a - b})."""
     a_, b_ = ({str(k): v for k, v in d.items() if isinstance(v, (int, float))} for d in (a, b))
-    diffs = [a_[k] - b_[k] for k in sorted(a_.keys() & b_.keys())]
+    per_seed = {k: a_[k] - b_[k] for k in sorted(a_.keys() & b_.keys())}
+    diffs = list(per_seed.values())
     if not diffs:
-        return {"mean": None, "std": None, "n": 0, "favour": 0}
+        return {"mean": None, "std": None, "n": 0, "favour": 0, "per_seed": {}}
     favour = sum(d > 0 if higher_is_better else d < 0 for d in diffs)
-    return {"mean": statistics.fmean(diffs), "std": statistics.pstdev(diffs), "n": len(diffs), "favour": favour}
+    return {"mean": statistics.fmean(diffs), "std": statistics.pstdev(diffs), "n": len(diffs), "favour": favour,
+            "per_seed": per_seed}
 
 
 def paired_text(p: dict[str, Any] | None, digits: int = 1) -> str:

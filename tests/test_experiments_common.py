@@ -63,7 +63,7 @@ def test_paired_difference_over_the_shared_seeds():
     p = paired_difference(a, b, higher_is_better=True)
     assert p["n"] == 3 and p["mean"] == pytest.approx(2 / 3)  # differences +1, -1, +2
     assert p["std"] == pytest.approx(((1 / 3) ** 2 + (5 / 3) ** 2 + (4 / 3) ** 2) ** 0.5 / 3 ** 0.5)
-    assert p["favour"] == 2
+    assert p["favour"] == 2 and p["per_seed"] == {"0": 1.0, "1": -1.0, "2": 2.0}  # the seeds both have
     lower = paired_difference(a, b, higher_is_better=False)  # a distance: a smaller a wins
     assert lower["mean"] == pytest.approx(2 / 3) and lower["favour"] == 1
     tie = paired_difference({0: 1.0}, {0: 1.0}, higher_is_better=True)
@@ -76,7 +76,7 @@ def test_paired_difference_skips_missing_figures_and_prints_sign_spread_and_coun
     assert paired_text(p) == "+0.5 ± 1.5 (1/2)"
     assert paired_text(paired_difference({0: 1.0}, {0: 2.25}, True), 2) == "-1.25 ± 0.00 (0/1)"
     empty = paired_difference({0: 1.0}, {1: 1.0}, True)
-    assert empty == {"mean": None, "std": None, "n": 0, "favour": 0} and paired_text(empty) == "n/a"
+    assert empty == {"mean": None, "std": None, "n": 0, "favour": 0, "per_seed": {}} and paired_text(empty) == "n/a"
 
 
 # ---- CPU budget ----------------------------------------------------------------------------------------------
@@ -331,7 +331,8 @@ def test_pfdm_verdict_from_the_oracle_and_paired_rows_against_local_only_and_the
                                    for s, d, p in ((0, 4.0, 4.5), (1, 7.0, 6.0))]}
     rows = {(q["method"], q["against"]): q for q in paired_rows(by_cell, 4, 10.0)}
     vs_local, vs_private = rows["pfdm", "local-only"], rows["pfdm", "its private model alone"]
-    assert vs_local["mean_distance"] == {"mean": 0.0, "std": 1.0, "n": 2, "favour": 1}  # -1, +1
+    assert vs_local["mean_distance"] == {"mean": 0.0, "std": 1.0, "n": 2, "favour": 1,
+                                         "per_seed": {"0": -1.0, "1": 1.0}}
     assert vs_local["minority_kid"]["mean"] == -0.5 and vs_local["minority_kid"]["favour"] == 2
     assert vs_private["mean_distance"]["mean"] == pytest.approx(0.25) and vs_private["minority_kid"]["favour"] == 0
     table = [{"method": "pfdm", "clients": 4, "seeds": [0, 1], "steps": 2000, "images_seen": 128000}]
@@ -371,7 +372,7 @@ def test_dcfm_rows_compute_verdict_per_split_and_paired_rows():
     assert v["iid"]["converged"] and not v["non-iid"]["converged"]
     (q,) = paired_rows(rows)  # dcfm-a against fedflow at iid: the only pair both have
     assert (q["method"], q["against"], q["split"]) == ("dcfm-a", "fedflow", "iid")
-    assert q["novel_distance"] == {"mean": -1.5, "std": 0.5, "n": 2, "favour": 2}
+    assert q["novel_distance"] == {"mean": -1.5, "std": 0.5, "n": 2, "favour": 2, "per_seed": {"0": -2.0, "1": -1.0}}
     assert (q["novel_composition_accuracy"]["mean"] == pytest.approx(0.1)
             and q["novel_composition_accuracy"]["favour"] == 2)
     text = table(rows, {"fedflow": {"steps": 500, "images_seen": 16000}})

@@ -57,7 +57,8 @@ def test_recipe_json_carries_verdicts_and_same_seed_differences():
     assert iid["reason"] == "too short" and not iid["converged"]
     p = paired(res)
     # round 3: cnn 0.9 / 0.9 against cnn-gap 0.5 / 0.4 -> +40 and +50 points
-    assert p["mnist-5k iid: cnn - cnn-gap"]["round_3"] == {"mean": 45.0, "std": 5.0, "n": 2, "favour": 2}
+    assert p["mnist-5k iid: cnn - cnn-gap"]["round_3"] == {"mean": 45.0, "std": 5.0, "n": 2, "favour": 2,
+                                                           "per_seed": {"0": 40.0, "1": 50.0}}
     assert "mnist-5k a0.5: cnn - cnn-gap" not in p  # no cnn-gap runs to pair with
     assert "centralised: shift - no shift" not in p  # only the shifted runs
 
