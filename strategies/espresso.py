@@ -113,6 +113,8 @@ def synthesize_client(prior, u: dict[str, torch.Tensor], opts: P.EspressoOptions
 
 # ---- the strategy -----------------------------------------------------------------------------------
 GRID_CLIENTS = 32  # image grids of the first 32 clients' synthetic sets: at 1,000 clients a grid each took 16 s
+
+
 class EspressoStrategy(OneShotStrategy):
     """train (one upload per client) -> synthesis -> global classifier -> evaluate."""
 

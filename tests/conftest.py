@@ -59,7 +59,10 @@ def fedapp_log(caplog):
 
 
 @pytest.fixture
-def one_thread_actors(monkeypatch):
-    """Ray actors (and any process a test starts) with one torch thread: a Ray instance started by this
-    process passes OMP_NUM_THREADS on to its workers; this process keeps the threads it already has."""
+def one_actor(monkeypatch):
+    """fedapp.simulate's backend for one Ray actor (one torch import) on this 2-core machine, with one torch
+    thread: Ray would set the actor's OMP_NUM_THREADS to its num_cpus, 2, which thrash beside the driver
+    (FedDifRC's end-to-end run: 190 s against 35 s on a busy machine). A Ray instance started by this process
+    passes OMP_NUM_THREADS on to its workers; this process keeps the threads it already has."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    return {"client_resources": {"num_cpus": 2, "num_gpus": 0.0}}

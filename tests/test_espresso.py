@@ -299,8 +299,6 @@ def test_strategy_drops_a_bad_upload_and_keeps_the_rest(tmp_path, prior, shard, 
 
 
 # ---- synthesis ---------------------------------------------------------------------------------------------
-
-
 def test_synthesis_batched_across_clients_makes_each_clients_own_images(tmp_path, prior, upload, shard, monkeypatch):
     """Batches of espresso.synth-batch span clients; each client's images are still those of its own plan
     (its seed): the same as synthesizing it alone, in the clients' order, and grids only for the first
@@ -318,6 +316,8 @@ def test_synthesis_batched_across_clients_makes_each_clients_own_images(tmp_path
     assert who.tolist() == sorted(who.tolist()) and len(x) % 7 != 0  # a batch ended inside a client
     assert sorted(p.name for p in (tmp_path / "run" / "images").glob("synthetic_client*.png")) == [
         "synthetic_client0.png", "synthetic_client3.png"]
+
+
 def test_plan_synthesis_follows_ratio_cluster_sizes_and_switches(prior, shard, upload):
     opts, up = _opts(**{"espresso.ratio": 2.0}), upload
     pc = prior.encode_prompts(class_prompts(DATASET, shard.info.class_names))

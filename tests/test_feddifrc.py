@@ -16,11 +16,6 @@ from fedapp.models.classifier import ProjectedClassifier, feddifrc_classifier
 from fedapp.models.features import UNetFeatureExtractor
 from fedapp.models.prior.tiny import TEST_CONFIG, random_tiny_prior
 
-# one Ray actor: one torch import on 2 cores. With one torch thread (one_thread_actors): Ray would set the
-# actor's OMP_NUM_THREADS to its num_cpus, 2, which thrash beside the driver (FedDifRC's end-to-end run:
-# 190 s against 35 s on a busy machine)
-ONE_ACTOR = {"client_resources": {"num_cpus": 2, "num_gpus": 0.0}}
-
 
 @pytest.fixture(scope="module")
 def prior_dir(tmp_path_factory):
@@ -293,11 +288,11 @@ def test_regulariser_acts_on_the_chosen_feature_of_the_forward_pass(prior_dir, f
 
 
 # ---- end to end ----------------------------------------------------------------------------------
-def test_feddifrc_simulation_end_to_end(tmp_path, prior_dir, one_thread_actors):
+def test_feddifrc_simulation_end_to_end(tmp_path, prior_dir, one_actor):
     """Through Ray. small_basis_fit does not reach the actor: it fits on its own shard (pca-fit=client, 30
     images) instead of 128 public ones, which took ~2 min of the test (the public fit: tested in process)."""
     s = fedapp.simulate({**_flat(prior_dir), "num-server-rounds": 1, "local-epochs": 1, "out-dir": str(tmp_path),
-                         "min-clients": 2, "feddifrc.pca-fit": "client"}, num_clients=2, backend=ONE_ACTOR)
+                         "min-clients": 2, "feddifrc.pca-fit": "client"}, num_clients=2, backend=one_actor)
     assert s["status"] == "completed" and s["failures"] == []
     assert 0.0 <= s["metrics"]["accuracy"] <= 1.0
     assert set(s["metrics"]["representation_cache_bytes"]) == {"0", "1"}

@@ -11,11 +11,6 @@ from clients import moon
 from fedapp.config import all_defaults
 from fedapp.protocols.moon import STATE_PREV_MODEL
 
-# one Ray actor: one torch import on 2 cores. With one torch thread (one_thread_actors): Ray would set the
-# actor's OMP_NUM_THREADS to its num_cpus, 2, which thrash beside the driver (FedDifRC's end-to-end run:
-# 190 s against 35 s on a busy machine)
-ONE_ACTOR = {"client_resources": {"num_cpus": 2, "num_gpus": 0.0}}
-
 
 def test_l_con_prefers_the_global_model_and_is_log2_when_both_coincide():
     g = torch.Generator().manual_seed(0)
@@ -49,9 +44,9 @@ def test_previous_local_model_lives_in_context_state(tmp_path, monkeypatch):
         assert any(k.startswith("proj.") for k in prev)
 
 
-def test_moon_simulation_end_to_end(tmp_path, one_thread_actors):
+def test_moon_simulation_end_to_end(tmp_path, one_actor):
     s = fedapp.simulate({"method": "moon", "dataset": "digits", "num-server-rounds": 2, "local-epochs": 1,
                          "out-dir": str(tmp_path), "min-clients": 2, "partitioner": "iid",
-                         "partitioner.per-class": 5}, num_clients=2, backend=ONE_ACTOR)
+                         "partitioner.per-class": 5}, num_clients=2, backend=one_actor)
     assert s["status"] == "completed" and s["failures"] == []
     assert 0.0 <= s["metrics"]["accuracy"] <= 1.0
