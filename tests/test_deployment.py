@@ -1,17 +1,16 @@
 """Deployment: a real SuperLink, SuperNodes and `flwr run`, the way the README deploys the app.
 
 The same app that runs as a Ray simulation runs unchanged on SuperNodes; each SuperNode learns its
-shard only from `--node-config "partition-id=K num-partitions=N"`. Every test runs FedAvg on the
-built-in digits and reads the run's summary.json. What each one proves:
+shard only from `--node-config "partition-id=K num-partitions=N"`. Each test reads the run's
+summary.json. What each one proves:
 
-- loopback: two insecure SuperNodes on 127.0.0.1 complete a round (the smallest deployment);
-- TLS + SuperNode authentication: only a node whose public key was registered with
-  `flwr supernode register` takes part; a stranger with a key and one without are refused;
+- TLS + SuperNode authentication across a LAN: the README's cross-host commands (`--host 0.0.0.0`);
+  only the node whose public key was registered with `flwr supernode register` takes part, from its
+  own network namespace over a veth pair (root only; else over the loopback); a stranger with a key
+  and one without are refused;
 - a SuperNode killed mid-run: the run completes and records that node's failure once, rightly;
 - Espresso's built-in prior reaches each of 3 SuperNodes (each with its own prior cache, as separate
-  machines have) once, and each keeps it;
-- a SuperNode in its own network namespace (root only) joins a SuperLink started with the README's
-  cross-host command (`--host 0.0.0.0`, TLS, authentication) over a veth pair.
+  machines have) once, and each keeps it.
 """
 
 from __future__ import annotations
@@ -57,37 +56,6 @@ def register(fed: Federation, public_key, connection: str) -> int:
     found = re.search(r'"node-id":\s*(\d+)', res.stdout)
     assert res.returncode == 0 and found, res.stdout + res.stderr
     return int(found.group(1))
-
-
-def test_tls_and_supernode_auth_admit_only_registered_nodes(fed, certs):
-    """A SuperLink with TLS and `--enable-supernode-auth`; one node registered, two strangers (an
-    unregistered key, no key). min-clients=1 and FedAvg sampling every connected node make the
-    check exact: a stranger that got in would be trained and evaluated beside the member."""
-    tls = certs("127.0.0.1")
-    port = free_port()
-    link = fed.superlink("127.0.0.1", port, tls, auth=True)
-    fed.connection("secure", f"127.0.0.1:{port}", tls)
-    member_key, member_pub = make_node_key(fed.folder / "keys", "member")
-    stranger_key, _ = make_node_key(fed.folder / "keys", "stranger")
-    registered_id = register(fed, member_pub, "secure")
-
-    # The member is the whole federation (partition 0 of 1); each stranger claims to be a second
-    # member (partition 1 of 2), so one that got in would show up as client "1".
-    member = fed.supernode("member", f"127.0.0.1:{port}", 0, 1, tls, key=member_key)
-    stranger = fed.supernode("stranger", f"127.0.0.1:{port}", 1, 2, tls, key=stranger_key)
-    keyless = fed.supernode("keyless", f"127.0.0.1:{port}", 1, 2, tls)
-    assert node_id(member) == registered_id
-    wait_for(stranger, r"Failed to activate SuperNode", 60)
-    wait_for(keyless, r"SuperNode authentication is enabled\. All SuperNodes must be registered", 60)
-    assert stranger.popen.wait(timeout=30) != 0 and keyless.popen.wait(timeout=30) != 0
-    assert "No SuperNode found with the given public key" in link.text()  # the SuperLink's side
-
-    s = fed.run_app("secure", "tls-auth", min_clients=1)
-    assert s["status"] == "completed" and s["num_clients"] == 1
-    assert set(s["metrics"]["per_client_accuracy"]) == {"0"}
-    assert set(s["comm"]["per_client"]) == {"0"}
-    assert s["metrics"]["accuracy"] > 0.6  # the member's round was used: one client alone gets 0.85
-    assert s["failures"] == []
 
 
 @pytest.mark.skipif(fast_heartbeat_missing() is not None, reason=str(fast_heartbeat_missing()))
@@ -170,38 +138,60 @@ def test_each_supernode_downloads_the_prior_once_and_keeps_it(fed, tmp_path):
 
 
 @pytest.fixture
-def namespace():
+def lan():
+    """The member's network: a namespace joined by a veth pair (a second host on a LAN) where this process
+    may make one (root), else the loopback. Yields (the SuperLink's address as the member sees it, the
+    member's command prefix, the address the SuperLink sees the member come from)."""
     reason = netns_missing()
-    if reason:
-        pytest.skip(reason)
+    ns = None
+    if not reason:
+        try:
+            ns = VethNamespace.create()
+        except RuntimeError as err:
+            reason = str(err)
+    if ns is None:
+        print(f"lan: loopback ({reason})")
+        yield "127.0.0.1", (), "127.0.0.1"
+        return
     try:
-        ns = VethNamespace.create()
-    except RuntimeError as err:
-        pytest.skip(str(err))
-    try:
-        yield ns
+        yield ns.host_ip, ns.exec, ns.ns_ip
     finally:
         ns.remove()
 
 
-def test_supernode_in_another_network_namespace_joins_over_tls_with_auth(namespace, fed, certs):
-    """The README's cross-host commands: the SuperLink on all interfaces (`--host 0.0.0.0`) with TLS
-    and SuperNode authentication; the one SuperNode runs inside a namespace whose only way out is a
-    veth pair, so it reaches the SuperLink at its LAN address exactly as another machine would.
-    (`namespace` comes first: its teardown runs after `fed` has stopped the node inside it.)"""
-    server = namespace.host_ip
-    tls = certs(server, "127.0.0.1")  # 127.0.0.1: the SuperLink's own SuperExec connects there
+def test_tls_and_auth_admit_only_the_registered_node_across_a_lan(lan, fed, certs):
+    """The README's cross-host commands: the SuperLink on all interfaces (`--host 0.0.0.0`) with TLS and
+    `--enable-supernode-auth`. The one registered node runs inside a network namespace whose only way out
+    is a veth pair (where the test may make one: root), so it reaches the SuperLink at its LAN address
+    exactly as another machine would; two strangers on this machine (an unregistered key, no key) are
+    refused. min-clients=1 and FedAvg sampling every connected node make the check exact: a stranger that
+    got in would be trained and evaluated beside the member. (`lan` comes first: its teardown runs after
+    `fed` has stopped the node inside it.)"""
+    server, prefix, member_ip = lan
+    tls = certs(*dict.fromkeys((server, "127.0.0.1")))  # 127.0.0.1: the SuperLink's own SuperExec connects there
     port = free_port("0.0.0.0")
     link = fed.superlink("0.0.0.0", port, tls, auth=True)
     fed.connection("lan", f"{server}:{port}", tls)
-    key, pub = make_node_key(fed.folder / "keys", "remote")
-    registered_id = register(fed, pub, "lan")
-    remote = fed.supernode("remote", f"{server}:{port}", 0, 1, tls, key=key, prefix=namespace.exec)
-    assert node_id(remote) == registered_id
-    # The SuperLink's access log: the node came in from the namespace's side of the veth pair.
-    wait_for(link, rf'{re.escape(namespace.ns_ip)}:\d+ - "POST /v1/fleet/activate-node HTTP/1.1" 200', 10)
-    s = fed.run_app("lan", "netns", min_clients=1)
+    member_key, member_pub = make_node_key(fed.folder / "keys", "member")
+    stranger_key, _ = make_node_key(fed.folder / "keys", "stranger")
+    registered_id = register(fed, member_pub, "lan")
+
+    # The member is the whole federation (partition 0 of 1); each stranger claims to be a second
+    # member (partition 1 of 2), so one that got in would show up as client "1".
+    member = fed.supernode("member", f"{server}:{port}", 0, 1, tls, key=member_key, prefix=prefix)
+    stranger = fed.supernode("stranger", f"127.0.0.1:{port}", 1, 2, tls, key=stranger_key)
+    keyless = fed.supernode("keyless", f"127.0.0.1:{port}", 1, 2, tls)
+    assert node_id(member) == registered_id
+    # The SuperLink's access log: the member came in from its own network (the namespace's side of the pair).
+    wait_for(link, rf'{re.escape(member_ip)}:\d+ - "POST /v1/fleet/activate-node HTTP/1.1" 200', 10)
+    wait_for(stranger, r"Failed to activate SuperNode", 60)
+    wait_for(keyless, r"SuperNode authentication is enabled\. All SuperNodes must be registered", 60)
+    assert stranger.popen.wait(timeout=30) != 0 and keyless.popen.wait(timeout=30) != 0
+    assert "No SuperNode found with the given public key" in link.text()  # the SuperLink's side
+
+    s = fed.run_app("lan", "tls-auth", min_clients=1)
     assert s["status"] == "completed" and s["num_clients"] == 1
     assert set(s["metrics"]["per_client_accuracy"]) == {"0"}
-    assert s["metrics"]["accuracy"] > 0.6  # the namespaced node's update arrived: alone it gets 0.85
+    assert set(s["comm"]["per_client"]) == {"0"}
+    assert s["metrics"]["accuracy"] > 0.6  # the member's round was used: one client alone gets 0.85
     assert s["failures"] == []
