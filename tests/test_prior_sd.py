@@ -114,19 +114,20 @@ SD_FAST = {"dataset": "digit-styles", "partitioner.name": "domain", "partitioner
            "server-epochs": 1, "espresso.embed-steps": 2, "espresso.mixup-pairs": 8, "espresso.steps": 2,
            "espresso.ratio": 1.0, "espresso.synth-batch": 16, "espresso.clusters": 2, "espresso.gmm-components": 2,
            "espresso.zigzag-t": 300, "num-server-rounds": 1, "local-epochs": 1,
-           "feddifrc.pca-fit": "client"}  # the Ray actor fits its basis on its 20 images, not 128 public ones
+           "feddifrc.pca-fit": "client"}  # each client fits its basis on its 20 images, not 128 public ones
 
 
 @pytest.mark.parametrize("method", ["espresso", "prompts", "feddifrc"])
 def test_sd_layout_prior_end_to_end_on_32px(sd, tmp_path, method):
     """A saved SD-1.5-layout pipeline (a VAE with 2x downsampling: 32 px images, 4x16x16 latents) as
-    `prior=<folder>` through fedapp.simulate: uploads pass validation, the server synthesises (one-shot) or
+    `prior=<folder>` through the in-process simulation (the same server and ClientApp handlers as on Ray,
+    without Ray's start-up: each method's own end-to-end test covers Ray): uploads pass validation, the server synthesises (one-shot) or
     the clients train with its decoder features (FedDifRC), summary.json is complete."""
-    import fedapp
+    from fedapp.simulation import simulate_in_process
 
     _, folder = sd
-    s = fedapp.simulate({"method": method, "prior": str(folder), "out-dir": str(tmp_path), **SD_FAST},
-                        num_clients=2)
+    s = simulate_in_process({"method": method, "prior": str(folder), "out-dir": str(tmp_path), **SD_FAST},
+                            num_clients=2)
     assert s["status"] == "completed" and s["failures"] == [], s.get("failures")
     m = s["metrics"]
     assert 0.0 <= m["accuracy"] <= 1.0 and set(m["per_client_accuracy"]) == {"0", "1"}
