@@ -121,8 +121,9 @@ SD_FAST = {"dataset": "digit-styles", "partitioner.name": "domain", "partitioner
 def test_sd_layout_prior_end_to_end_on_32px(sd, tmp_path, method):
     """A saved SD-1.5-layout pipeline (a VAE with 2x downsampling: 32 px images, 4x16x16 latents) as
     `prior=<folder>` through the in-process simulation (the same server and ClientApp handlers as on Ray,
-    without Ray's start-up: each method's own end-to-end test covers Ray): uploads pass validation, the server synthesises (one-shot) or
-    the clients train with its decoder features (FedDifRC), summary.json is complete."""
+    without Ray's start-up: each method's own end-to-end test covers Ray): uploads pass validation, the
+    server synthesises (one-shot) or the clients train with its decoder features (FedDifRC), summary.json
+    is complete."""
     from fedapp.simulation import simulate_in_process
 
     _, folder = sd
