@@ -142,11 +142,12 @@ class Watch:
                 procs = [self._root, *self._root.children(recursive=True)]
             except psutil.Error:
                 break
-            total, rss_of, raylets = 0, {}, []
+            total, rss_of, kids, raylets = 0, {}, {}, []
             for p in procs:
                 try:
                     rss = p.memory_info().rss
                     head = " ".join(p.cmdline()[:1])
+                    kids.setdefault(p.ppid(), []).append(p.pid)
                     if "ClientAppActor" in head:
                         self.actors.add(p.pid)
                         self.peak_actor = max(self.peak_actor, rss)
@@ -157,11 +158,8 @@ class Watch:
                 rss_of[p.pid] = rss
                 total += rss
             self.peak_tree = max(self.peak_tree, total)
-            for r in raylets:  # a node: its raylet and the workers it started
-                try:
-                    node = rss_of.get(r.pid, 0) + sum(rss_of.get(c.pid, 0) for c in r.children(recursive=True))
-                except psutil.Error:
-                    continue
+            for r in raylets:  # a node: its raylet and the workers it started (from the tree just listed)
+                node = sum(rss_of.get(pid, 0) for pid in subtree(r.pid, kids))
                 self.peak_node[r.pid] = max(self.peak_node.get(r.pid, 0), node)
             time.sleep(0.5)
 
@@ -188,6 +186,15 @@ class Watch:
 
     def all(self, pattern: str) -> list[re.Match]:
         return [m for _, line in self.lines if (m := re.search(pattern, line))]
+
+
+def subtree(pid: int, kids: dict[int, list[int]]) -> list[int]:
+    """pid and every process below it, from a {parent pid: [child pids]} map."""
+    out, todo = [], [pid]
+    while todo:
+        out.append(todo.pop())
+        todo.extend(kids.get(out[-1], ()))
+    return out
 
 
 def measure(method: str, clients: int, nodes: int, args, out: str) -> dict:
