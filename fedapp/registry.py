@@ -47,7 +47,13 @@ _ESPRESSO = dict(namespace="espresso", options="fedapp.protocols.espresso:Espres
                      "espresso.gamma2", "espresso.ratio", "espresso.synth-batch", "espresso.save-synthetic",
                      "server-epochs", "run-name", "out-dir"}))
 _PFDM = dict(namespace="pfdm", options="fedapp.protocols.pfdm:PFDMOptions")
-_DCFM = dict(namespace="dcfm", options="fedapp.protocols.dcfm:DcfmOptions")
+_DCFM = dict(namespace="dcfm", options="fedapp.protocols.dcfm:DcfmOptions",
+             # what the server does after Stage I (variant, A's rounds, B's distillation, sampling, evaluation):
+             # DCFM-A and DCFM-B send the clients the same Stage I, which an experiment may then reuse
+             server_only_keys=frozenset({
+                 "dcfm.variant", "dcfm.rounds", "dcfm.peer-schedule", "dcfm.distill-steps", "dcfm.replay",
+                 "dcfm.replay-paths", "dcfm.path-steps", "dcfm.sample-steps", "dcfm.samples-per-pair",
+                 "dcfm.fl-local-steps", "dcfm.router-steps", "dcfm.ref-epochs", "run-name", "out-dir"}))
 
 METHODS: dict[str, MethodSpec] = {
     "fedavg": MethodSpec("fedapp.protocols.classify", "strategies.fedavg:FedAvgStrategy", "clients.classify",

@@ -76,6 +76,10 @@ def test_each_method_spec_states_its_traits():
     assert m["fedavg"].namespace is None and m["fedprox"].namespace == "fedprox" and m["dpdm"].namespace == "pfdm"
     assert (m["espresso"].server_only_keys < set(all_defaults())
             and "espresso.clusters" not in m["espresso"].server_only_keys)
+    # what DCFM's clients read (clients/dcfm.py) is never server-only: a cached Stage I must match the run's
+    client_read = {"dcfm.lambda-ci", "dcfm.local-steps", "dcfm.peer-steps", "dcfm.lr", "dcfm.pi-full", "dcfm.width",
+                   "dcfm.routes-per-batch", "dcfm.route-mask"}
+    assert m["dcfm"].server_only_keys < set(all_defaults()) and not client_read & m["dcfm"].server_only_keys
     with pytest.raises(ValueError, match="namespace and options go together"):
         registry.MethodSpec("p", "s:S", "c", namespace="x")
 

@@ -271,6 +271,24 @@ def test_every_flow_method_runs_its_protocol_on_an_in_process_grid(tmp_path, nam
         assert transfers <= v < transfers + (0.5 if name == "ddm" else 0.1), (c, v)
 
 
+def test_dcfm_b_after_dcfm_a_reuses_its_stage_one_exactly_through_a_reply_cache(tmp_path):
+    """The DCFM table's rows of a (seed, split) share one ReplyCache: A and B send the clients the same Stage I
+    (their configs differ only in server-only keys), so B's Stage I is A's replies, and B's figures equal those of
+    a B run that trained its own experts."""
+    from fedapp.simulation import ReplyCache, simulate_in_process
+
+    torch.set_num_threads(1)
+    a_cfg, b_cfg = ({**TINY, **IN_PROCESS[name][0], "out-dir": str(tmp_path / name)} for name in ("dcfm-a", "dcfm-b"))
+    alone = simulate_in_process(b_cfg, num_clients=3)["metrics"]
+    cache = ReplyCache()
+    simulate_in_process(a_cfg, num_clients=3, reply_cache=cache)
+    hits = cache.hits
+    shared = simulate_in_process(b_cfg, num_clients=3, reply_cache=cache)["metrics"]
+    assert hits == 0 and cache.hits == 3  # each client's Stage I, once
+    for k in ("seen_composition_accuracy", "novel_composition_accuracy", "seen_distance", "novel_distance"):
+        assert shared[k] == pytest.approx(alone[k], abs=1e-6), k
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["--seeds", "0"], ["--methods", "dcfm-c"], ["--sweep", "1,x"],
                                   ["--lambda-ci", "-1"], ["--route-mask", "maybe"]])
 def test_toy_cli_writes_nothing_on_help_or_a_bad_argument(tmp_path, monkeypatch, argv):
