@@ -41,7 +41,7 @@ def test_dirichlet_simulation_writes_a_complete_run_folder(tmp_path, method):
 
 def test_fedavg_iid_digits_reaches_90_percent_in_5_rounds(tmp_path, one_torch_thread):
     # The issue's bar for the default FedAvg settings (3 local epochs, lr 0.02, batch 16); in-process, as
-    # learning does not depend on the backend (Ray's start-up and two actors' imports: 60 s against 34 s).
+    # learning does not depend on the backend (Ray's start-up and two actors' imports: 60 s against 24 s in CI).
     from fedapp.simulation import simulate_in_process
 
     s = simulate_in_process({"method": "fedavg", "dataset": "digits", "partitioner": "iid",
