@@ -17,8 +17,8 @@ DDM, per split, on novel Frechet distance (lower is better) and novel compositio
 Compute per row (flow_compute): optimiser steps of every net its samples need and images seen = steps x
 batch-size. Runs go through fedapp.simulation.simulate_in_process (default; --backend ray: fedapp.simulate)
 with --threads torch threads (default: the cores available); in-process, a (seed, split)'s rows share one
-ReplyCache, so DCFM-B reuses DCFM-A's Stage-I experts (`client_calls_reused` per row) instead of training
-them again.
+ReplyCache, so DCFM-B reuses DCFM-A's Stage-I experts and local-only-flow DDM's (the same plain Stage I;
+`client_calls_reused` per row) instead of training them again.
 """
 
 from __future__ import annotations

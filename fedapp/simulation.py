@@ -149,6 +149,10 @@ class ReplyCache:
     node's state before the call. A hit returns a copy of the reply and sets the node's state to what
     the call left, so later rounds of a stateful client stay exact. Error replies are not kept.
 
+    The method itself is keyed by its client module (MethodSpec.client), not its name: a client reads
+    `method` only to pick its handlers (fedapp.client_app), so methods that share a client module and send
+    it the same message get the same reply (DCFM's DDM and local-only-flow: the same plain Stage I).
+
     Not exact where a client draws from the OS (PFDM's DP noise): a hit replays the first draw.
     """
 
@@ -170,10 +174,10 @@ class ReplyCache:
         method = run.get("method") if run is not None else None
         if method not in registry.METHODS:
             return None
-        skip = registry.METHODS[method].server_only_keys
+        spec = registry.METHODS[method]
         h = hashlib.sha256()
-        _feed(h, (msg.metadata.message_type, int(partition_id)))
-        _feed_records(h, {RUN_KEY: run}, skip)
+        _feed(h, (spec.client, msg.metadata.message_type, int(partition_id)))
+        _feed_records(h, {RUN_KEY: run}, spec.server_only_keys | {"method"})
         _feed_records(h, {k: v for k, v in msg.content.items() if k != RUN_KEY})
         h.update(b"|state|")
         _feed_records(h, dict(state.items()) if state is not None else {})

@@ -271,14 +271,16 @@ def test_every_flow_method_runs_its_protocol_on_an_in_process_grid(tmp_path, nam
         assert transfers <= v < transfers + (0.5 if name == "ddm" else 0.1), (c, v)
 
 
-def test_dcfm_b_after_dcfm_a_reuses_its_stage_one_exactly_through_a_reply_cache(tmp_path):
-    """The DCFM table's rows of a (seed, split) share one ReplyCache: A and B send the clients the same Stage I
-    (their configs differ only in server-only keys), so B's Stage I is A's replies, and B's figures equal those of
-    a B run that trained its own experts."""
+@pytest.mark.parametrize("first, second", [("dcfm-a", "dcfm-b"), ("ddm", "local-only-flow")])
+def test_a_row_after_one_with_the_same_stage_one_reuses_it_exactly_through_a_reply_cache(tmp_path, first, second):
+    """The DCFM table's rows of a (seed, split) share one ReplyCache. A and B send the clients the same Stage I
+    (their configs differ only in server-only keys); DDM and local-only-flow send the same plain Stage I under
+    two method names that share one client module. So the second row's Stage I is the first's replies, and its
+    figures equal those of a run that trained its own experts."""
     from fedapp.simulation import ReplyCache, simulate_in_process
 
     torch.set_num_threads(1)
-    a_cfg, b_cfg = ({**TINY, **IN_PROCESS[name][0], "out-dir": str(tmp_path / name)} for name in ("dcfm-a", "dcfm-b"))
+    a_cfg, b_cfg = ({**TINY, **IN_PROCESS[name][0], "out-dir": str(tmp_path / name)} for name in (first, second))
     alone = simulate_in_process(b_cfg, num_clients=3)["metrics"]
     cache = ReplyCache()
     simulate_in_process(a_cfg, num_clients=3, reply_cache=cache)
@@ -287,6 +289,18 @@ def test_dcfm_b_after_dcfm_a_reuses_its_stage_one_exactly_through_a_reply_cache(
     assert hits == 0 and cache.hits == 3  # each client's Stage I, once
     for k in ("seen_composition_accuracy", "novel_composition_accuracy", "seen_distance", "novel_distance"):
         assert shared[k] == pytest.approx(alone[k], abs=1e-6), k
+
+
+def test_a_reply_cache_keeps_rows_apart_whose_stage_one_differs(tmp_path):
+    """DCFM's Stage I trains with the CI penalty, DDM's without: the same client module, different work, no hit."""
+    from fedapp.simulation import ReplyCache, simulate_in_process
+
+    torch.set_num_threads(1)
+    cache = ReplyCache()
+    for name in ("dcfm-a", "ddm"):
+        simulate_in_process({**TINY, **IN_PROCESS[name][0], "out-dir": str(tmp_path / name)}, num_clients=3,
+                            reply_cache=cache)
+    assert cache.hits == 0 and len(cache) >= 6
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["--seeds", "0"], ["--methods", "dcfm-c"], ["--sweep", "1,x"],
