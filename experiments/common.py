@@ -282,12 +282,14 @@ def checkpoint_steps(text: str) -> list[int]:
 
 
 def run_sweep(path: Path, setup: dict[str, Any], seeds: str,
-              measure: Callable[[int, Callable[[list], None]], dict[str, Any]],
+              measure: Callable[[int, Callable[[list], None], list], dict[str, Any]],
               summarise: Callable[[dict[str, Any]], dict[str, Any]]) -> dict[str, Any]:
-    """Each seed of `seeds` not yet on disk under `setup` measured (`measure(seed, progress)`) and written at
-    once (write_sweep): an interrupted sweep resumes, two processes may run two seeds. `progress(points)`
-    writes a seed's checkpoints so far under "partial" (never read by the budget: a stopped run keeps what it
-    measured, and a rerun measures the seed whole). Returns the json."""
+    """Each seed of `seeds` not yet on disk under `setup` measured (`measure(seed, progress, partial)`) and
+    written at once (write_sweep): an interrupted sweep resumes, two processes may run two seeds.
+    `progress(points)` writes a seed's checkpoints so far under "partial" (never read by the budget: a stopped
+    run keeps what it measured); a rerun hands them back as `partial`, for a measure that can continue its run
+    (pfdm-budget's train-state file) to keep those it does not measure again; others measure the seed whole.
+    Returns the json."""
     from fedapp.results import atomic_write_json
 
     result = {"setup": setup, "seeds": seeds_on_disk(path, setup)}
@@ -301,6 +303,7 @@ def run_sweep(path: Path, setup: dict[str, Any], seeds: str,
                 keep.setdefault("partial", {})[key] = {"points": points}
                 atomic_write_json(path, keep)
 
-        write_sweep(path, result, {str(seed): measure(seed, progress)}, summarise)
+        partial = json_under(path, setup).get("partial", {}).get(str(seed), {}).get("points", [])
+        write_sweep(path, result, {str(seed): measure(seed, progress, partial)}, summarise)
     write_sweep(path, result, {}, summarise)
     return result

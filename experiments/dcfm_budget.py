@@ -162,6 +162,7 @@ def main(argv: list[str]) -> None:
     setup = {k: v for k, v in vars(a).items() if k not in ("seeds", "threads", "out")}
     width = f"_w{a.width}" if a.width != 32 else ""
     path = Path(a.out) / f"dcfm_budget_{a.dataset}_{a.image_size}px_{a.split}_{a.train}{width}.json"
-    result = run_sweep(path, setup, a.seeds, lambda seed, progress: sweep_seed(a, seed, steps, progress), summary)
+    result = run_sweep(path, setup, a.seeds, lambda seed, progress, partial: sweep_seed(a, seed, steps, progress),
+                       summary)
     plot(result, path.with_suffix(".png"))
     print(f"budget: {result['budget']}; verdict at {steps[-1]} steps: {result['verdict']['reason']}")

@@ -36,8 +36,11 @@ def pooled_data(flat: dict[str, Any], clients: int):
             server_data(cfg, clients), cfg)
 
 
-def sweep_seed(a, seed: int, steps: list[int], progress=lambda points: None) -> dict[str, Any]:
-    """One seed's curve: sample accuracy (and the mean loss of the last 10 % of steps) at every checkpoint."""
+def sweep_seed(a, seed: int, steps: list[int], progress=lambda points: None, partial: list | None = None,
+               state: Any = None) -> dict[str, Any]:
+    """One seed's curve: sample accuracy (and the mean loss of the last 10 % of steps) at every checkpoint.
+    `state` (a TrainState): the run continues from its file where one is saved, keeping the readings of
+    `partial` (the seed's checkpoints on disk) up to the step it continues from."""
     from experiments.pfdm import config, parser
     from fedapp.models.classifier import accuracy
     from fedapp.models.ddpm import build_ddpm, train_ddpm
@@ -50,7 +53,11 @@ def sweep_seed(a, seed: int, steps: list[int], progress=lambda points: None) -> 
     reader = server_reader(server, seed, epochs=a.ref_epochs, width=16)
     torch.manual_seed(seed)
     model = build_ddpm(a.image_size, server.info.num_classes, channels=a.channels)
-    points, t_start = [], time.time()
+    done = state.saved_step() if state is not None else 0
+    points, t_start = [q for q in (partial or []) if q["steps"] <= done], time.time()
+    if done:
+        print(f"seed {seed}: continuing from step {done} ({state.path})", flush=True)
+    t_before = points[-1]["train_seconds"] if points else 0.0  # a state is saved right after a reading
 
     def read(step: int, m, loss: float) -> None:  # one checkpoint of the continuous run
         t_read = time.time()
@@ -60,7 +67,7 @@ def sweep_seed(a, seed: int, steps: list[int], progress=lambda points: None) -> 
             by_w[str(w)] = accuracy(reader.model, gen, gy)
         read_seconds.append(time.time() - t_read)
         best = max(by_w, key=by_w.get)
-        t_train = time.time() - t_start - sum(read_seconds)
+        t_train = t_before + time.time() - t_start - sum(read_seconds)
         points.append({"steps": step, "sample_accuracy": by_w[best], "guidance": float(best),
                        "sample_accuracy_by_guidance": by_w, "loss": loss, "train_seconds": round(t_train, 1)})
         shown = ", ".join(f"w={w}: {100 * v:.1f}%" for w, v in by_w.items())
@@ -70,8 +77,21 @@ def sweep_seed(a, seed: int, steps: list[int], progress=lambda points: None) -> 
 
     read_seconds: list[float] = []
     train_ddpm(model, x, y, steps=steps[-1], batch=a.batch, lr=a.lr, seed=seed * 100_003 + steps[-1],
-               p_uncond=a.p_uncond, ema=a.ema, checkpoints=steps, on_checkpoint=read)
-    return {"train_images": len(x), "reader_accuracy": reader.held_out_accuracy, "points": points}
+               p_uncond=a.p_uncond, ema=a.ema, checkpoints=steps, on_checkpoint=read, state=state)
+    return {"train_images": len(x), "reader_accuracy": reader.held_out_accuracy, "points": points,
+            **({"resumed_from_step": done} if done else {})}
+
+
+def train_state(runs_dir: Path, path: Path, setup: dict[str, Any], seed: int):
+    """A seed's TrainState file, named by the sweep and a digest of its setup (another setup gets another file)."""
+    import hashlib
+    import json
+
+    from fedapp.models.checkpoints import TrainState
+
+    signature = {"setup": setup, "seed": seed}
+    digest = hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:12]
+    return TrainState(runs_dir / f"{path.stem}_s{seed}_{digest}.pt", signature)
 
 
 def guidances(a) -> list[float]:
@@ -151,6 +171,9 @@ def main(argv: list[str]) -> None:
     p.add_argument("--guidance", default="1", help="guidance scales to read at each checkpoint, e.g. 1,2,3")
     p.add_argument("--samples", type=int, default=400)
     p.add_argument("--sample-steps", type=int, default=40)
+    p.add_argument("--runs-dir", default="runs/pfdm-budget",
+                   help="where each seed's training state is kept after every checkpoint, so that a stopped "
+                        "sweep continues from its last checkpoint")
     add_sweep_arguments(p, seeds="0,1,2")
     a = p.parse_args(argv)
     steps = checkpoint_steps(a.steps)
@@ -162,11 +185,15 @@ def main(argv: list[str]) -> None:
     recipe = (f"_uncond{a.p_uncond:g}" if a.p_uncond else "") + (f"_ema{a.ema:g}" if a.ema else "") + (
         f"_w{a.channels.replace(',', '-')}" if a.channels != "16,32" else "")
     path = out / f"pfdm_budget_{a.dataset}_{a.image_size}px{recipe}.json"
-    setup = {k: v for k, v in vars(a).items() if k not in ("seeds", "threads", "out")} | {"continuous": True}
+    where = ("seeds", "threads", "out", "runs_dir")  # how and where it runs, not what it measures
+    setup = {k: v for k, v in vars(a).items() if k not in where} | {"continuous": True}
     # options added later are kept out of the setup at their defaults, so that earlier sweeps still resume
     for key, default in (("p_uncond", 0.0), ("guidance", "1"), ("ema", 0.0)):
         if setup[key] == default:
             del setup[key]
-    result = run_sweep(path, setup, a.seeds, lambda seed, progress: sweep_seed(a, seed, steps, progress), summary)
+    def measure(seed: int, progress, partial: list) -> dict[str, Any]:
+        return sweep_seed(a, seed, steps, progress, partial, train_state(Path(a.runs_dir), path, setup, seed))
+
+    result = run_sweep(path, setup, a.seeds, measure, summary)
     plot(result, path.with_suffix(".png"))
     print(f"budget: {result['budget']}")

@@ -245,7 +245,7 @@ def test_pfdm_budget_sweep_trains_one_run_and_reads_each_checkpoint(tmp_path):
 
     main(["--dataset", "colored-digits", "--image-size", "8", "--steps", "3,6", "--samples", "20",
           "--sample-steps", "2", "--ref-epochs", "1", "--seeds", "0", "--batch", "16", "--out", str(tmp_path),
-          "--p-uncond", "0.2", "--guidance", "1,3"])
+          "--p-uncond", "0.2", "--guidance", "1,3", "--runs-dir", str(tmp_path / "runs")])
     out = json.loads((tmp_path / "pfdm_budget_colored-digits_8px_uncond0.2.json").read_text())
     pts = out["seeds"]["0"]["points"]
     assert [q["steps"] for q in pts] == [3, 6] and out["setup"]["p_uncond"] == 0.2
@@ -256,6 +256,45 @@ def test_pfdm_budget_sweep_trains_one_run_and_reads_each_checkpoint(tmp_path):
     assert 0 < out["seeds"]["0"]["reader_accuracy"] <= 1 and out["budget"]["steps"] is None  # 6 steps learn nothing
     assert out["verdict"]["converged"] is False and out["verdict"]["seeds"] == 1
     assert (tmp_path / "pfdm_budget_colored-digits_8px_uncond0.2.png").stat().st_size > 0
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_a_stopped_pfdm_budget_sweep_continues_from_its_last_checkpoint_to_the_uninterrupted_figures(
+        tmp_path, monkeypatch):
+    """Stopped while reading its step-6 checkpoint, the same command continues from the step-3 training state
+    (runs-dir), keeps step 3's reading from the partial entry and ends with the figures of a sweep that was
+    never stopped."""
+    import strategies.generation_eval as gen
+    from experiments.pfdm_budget import main
+
+    def argv(out):
+        return ["--dataset", "colored-digits", "--image-size", "8", "--steps", "3,6,9", "--samples", "20",
+                "--sample-steps", "2", "--ref-epochs", "1", "--seeds", "0", "--batch", "16", "--out", str(out),
+                "--runs-dir", str(out / "runs")]
+
+    def points(out):
+        return json.loads((out / "pfdm_budget_colored-digits_8px.json").read_text())
+
+    main(argv(tmp_path / "whole"))
+    whole = points(tmp_path / "whole")["seeds"]["0"]
+    real, calls = gen.sample_model, []
+
+    def stopped_at_the_second_reading(*args, **kw):
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(*args, **kw)
+
+    monkeypatch.setattr(gen, "sample_model", stopped_at_the_second_reading)
+    with pytest.raises(KeyboardInterrupt):
+        main(argv(tmp_path / "cut"))
+    assert [q["steps"] for q in points(tmp_path / "cut")["partial"]["0"]["points"]] == [3]
+    monkeypatch.setattr(gen, "sample_model", real)
+    main(argv(tmp_path / "cut"))
+    resumed = points(tmp_path / "cut")["seeds"]["0"]
+    assert resumed["resumed_from_step"] == 3 and [q["steps"] for q in resumed["points"]] == [3, 6, 9]
+    for a, b in zip(resumed["points"], whole["points"]):
+        assert (a["sample_accuracy"], a["loss"]) == (b["sample_accuracy"], b["loss"]), a["steps"]
 
 
 @pytest.mark.usefixtures("one_torch_thread")
@@ -424,7 +463,8 @@ def test_a_sweep_keeps_a_stopped_seeds_checkpoints_apart_and_a_finished_seed_rep
     def summarise(seeds):
         return {"n": len(seeds)}
 
-    def stopped(seed, progress):
+    def stopped(seed, progress, partial):
+        assert partial == []
         progress([{"steps": 1, "acc": 0.5}])
         raise KeyboardInterrupt  # the run is stopped after its first checkpoint
 
@@ -433,12 +473,13 @@ def test_a_sweep_keeps_a_stopped_seeds_checkpoints_apart_and_a_finished_seed_rep
     on_disk = json.loads(path.read_text())
     assert on_disk["partial"] == {"0": {"points": [{"steps": 1, "acc": 0.5}]}} and on_disk["seeds"] == {}
 
-    def whole(seed, progress):
+    def whole(seed, progress, partial):
+        assert partial == [{"steps": 1, "acc": 0.5}]  # handed back, for a run that can continue
         points = [{"steps": 1, "acc": 0.6}]
         progress(points)
         return {"points": points + [{"steps": 2, "acc": 0.7}]}
 
-    out = run_sweep(path, setup, "0", whole, summarise)  # the partial seed is measured again, whole
+    out = run_sweep(path, setup, "0", whole, summarise)  # this measure measures the seed again, whole
     on_disk = json.loads(path.read_text())
     assert "partial" not in on_disk and on_disk["seeds"]["0"]["points"][-1]["acc"] == 0.7 and on_disk["n"] == 1
     assert out["seeds"] == on_disk["seeds"]

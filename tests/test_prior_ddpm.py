@@ -154,6 +154,53 @@ def test_checkpoints_read_one_continuous_run_with_the_weights_it_would_end_with(
     assert not torch.allclose(read[3], read[6])  # three more steps moved the weights
 
 
+@pytest.mark.parametrize("ema", [0.0, 0.9])
+def test_a_run_cut_after_a_saved_state_resumes_to_the_weights_and_readings_of_an_uninterrupted_one(tmp_path, ema):
+    """train_ddpm(state=TrainState(...)): killed at its step-7 checkpoint (the state saved at step 4's), the
+    same call again continues from step 4 (net, EMA, Adam, data generator, losses) and ends bit-equal to an
+    uninterrupted run, with the same readings and loss; a file saved for other settings is refused, naming both."""
+    from fedapp.models.checkpoints import TrainState
+    from fedapp.models.ddpm import train_ddpm
+
+    x, y = torch.randn(24, 3, 8, 8), torch.arange(24) % 3
+    probe = torch.randn(2, 3, 8, 8)
+
+    def fresh():
+        torch.manual_seed(0)
+        return DDPM(image_size=8, num_classes=3, block_out_channels=(8, 16), attention=False)
+
+    def reading(read):
+        return lambda step, m, loss: read.setdefault(step, (m.eps(probe, 500, torch.tensor([0, 1])).detach(), loss))
+
+    whole, read_whole = fresh(), {}
+    loss_whole = train_ddpm(whole, x, y, steps=10, batch=8, ema=ema, p_uncond=0.3, checkpoints=[4, 7, 10],
+                            on_checkpoint=reading(read_whole))
+
+    class Killed(Exception):
+        pass
+
+    def killed_at_7(step, m, loss):
+        if step == 7:
+            raise Killed
+
+    state = TrainState(tmp_path / "s.pt", {"steps": 10, "ema": ema})
+    with pytest.raises(Killed):
+        train_ddpm(fresh(), x, y, steps=10, batch=8, ema=ema, p_uncond=0.3, checkpoints=[4, 7, 10],
+                   on_checkpoint=killed_at_7, state=state)
+    assert state.saved_step() == 4
+    resumed, read_resumed = fresh(), {}
+    loss_resumed = train_ddpm(resumed, x, y, steps=10, batch=8, ema=ema, p_uncond=0.3, checkpoints=[4, 7, 10],
+                              on_checkpoint=reading(read_resumed), state=state)
+    assert state.saved_step() == 10
+    for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()):
+        assert torch.equal(a, b)
+    assert loss_resumed == loss_whole and sorted(read_resumed) == [7, 10]  # 4 was read before the cut
+    for k in (7, 10):
+        assert torch.equal(read_resumed[k][0], read_whole[k][0]) and read_resumed[k][1] == read_whole[k][1]
+    with pytest.raises(ValueError, match="remove the file"):
+        TrainState(tmp_path / "s.pt", {"steps": 20, "ema": ema}).saved_step()
+
+
 def test_guidance_is_the_null_branch_plus_w_times_the_conditional_difference():
     m = DDPM(image_size=8, num_classes=3, block_out_channels=(8, 16), attention=False)
     calls = []

@@ -21,7 +21,7 @@ from torch.nn import functional as F
 
 from fedapp.privacy import clip_norm
 
-from .checkpoints import Checkpoints, OnCheckpoint
+from .checkpoints import Checkpoints, OnCheckpoint, TrainState
 from .nets import small_unet2d
 
 
@@ -235,14 +235,17 @@ def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag
                steps: int, batch: int = 64, lr: float = 2e-3, seed: int = 0, t_range: tuple[int, int] | None = None,
                source_t: int | None = None, device: str = "cpu", p_uncond: float = 0.0,
                ema: float = 0.0, checkpoints: Iterable[int] = (),
-               on_checkpoint: OnCheckpoint | None = None) -> float:
+               on_checkpoint: OnCheckpoint | None = None, state: TrainState | None = None) -> float:
     """`steps` Adam steps on minibatches drawn uniformly from (x, y, flag), all draws seeded; returns the
     mean loss of the last 10% of steps. p_uncond > 0: each label is replaced by the null class (-1) with that
     probability, so that the model also learns eps_u for classifier-free guidance (DDPM.guided_eps).
     ema > 0: the model ends with the exponential moving average of its weights over the steps, at that
     decay (torch.optim.swa_utils; DDPM's usual 0.999 to 0.9999), instead of the last step's.
     on_checkpoint(k, model, loss) after step k of `checkpoints` (fedapp.models.checkpoints), with the weights
-    the run would end with there (the EMA's): a budget sweep reads one continuous run, not restarts."""
+    the run would end with there (the EMA's): a budget sweep reads one continuous run, not restarts.
+    `state` (fedapp.models.checkpoints.TrainState): continue from its file where one is saved, and save it after
+    each checkpoint and the last step, so that a run cut short resumes to the weights an uninterrupted one ends
+    with."""
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
     model.to(device).train()
@@ -252,7 +255,9 @@ def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag
     t_range = t_range or (0, model.T)
     tail = LossTail(steps)
     ckpt = Checkpoints(checkpoints, on_checkpoint)
-    for step in range(steps):
+    parts, extras = {"model": model, "ema": averaged, "optimizer": opt}, {"tail": tail.losses, "read": ckpt.losses}
+    start = state.restore(parts, g, extras) if state is not None else 0
+    for step in range(start, steps):
         idx = torch.randint(0, len(x), (min(batch, len(x)),), generator=g)
         yb = None if y is None else y[idx].to(device)
         if yb is not None and p_uncond > 0:  # drawn only then: runs without dropout keep their draws
@@ -266,6 +271,8 @@ def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag
             averaged.update_parameters(model)
         tail.add(step, loss)
         ckpt.step(step + 1, loss.item(), model if averaged is None else averaged.module, model)
+        if state is not None and (step + 1 in ckpt.at or step + 1 == steps):
+            state.save(step + 1, parts, g, extras)
     if averaged is not None:
         model.load_state_dict(averaged.module.state_dict())
     model.eval()
