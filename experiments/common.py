@@ -66,10 +66,38 @@ def check_configs(configs: list[dict[str, Any]], num_clients: int) -> None:
             resolve_run_config(flat, num_clients)
 
 
+def stopped_run(flat: dict[str, Any], num_clients: int) -> str | None:
+    """The folder of a stopped run of this very config (a resumable method's, with a checkpoint, not
+    completed: cut by a session's end, killed, or its federation went down), for `run` to continue from
+    its last round; None to start the run afresh."""
+    from fedapp.config import ConfigError
+    from fedapp.simulation import resolve_run_config
+
+    folder = resolve_run_config(flat, num_clients)[1]
+    summary, meta = folder / "summary.json", folder / "checkpoint.json"
+    if not meta.is_file() or (summary.is_file() and json.loads(summary.read_text()).get("status") == "completed"):
+        return None
+    if "progress" not in json.loads(meta.read_text()):  # written before checkpoints kept it: its counts are lost
+        print(f"{folder}: starting over (its checkpoint does not keep the bytes and seconds spent)", flush=True)
+        return None
+    try:
+        resolve_run_config({**flat, "resume": str(folder)}, num_clients)  # same config, resumable method
+    except ConfigError as err:
+        print(f"{folder}: starting over ({err})", flush=True)
+        return None
+    return str(folder)
+
+
 def run(flat: dict[str, Any], num_clients: int, backend: str, reply_cache: Any = None) -> dict[str, Any]:
     """One run of the grid; returns its summary.json. backend "ray": `fedapp.simulate` (Flower's Ray
     simulation); "inprocess": `fedapp.simulation.simulate_in_process` (same server, clients served in
-    this process, replies reused through `reply_cache` where the clients' work repeats)."""
+    this process, replies reused through `reply_cache` where the clients' work repeats). A stopped run of
+    the same config continues from its last round (stopped_run; fedapp's `resume`, exact: the same client
+    samples and seeds per round), so a cell cut by a session's end loses at most a round."""
+    stopped = stopped_run(flat, num_clients)
+    if stopped:
+        print(f"continuing {stopped} from its last checkpoint", flush=True)
+        flat = {**flat, "resume": stopped}
     if backend == "ray":
         import fedapp
 

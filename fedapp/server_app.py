@@ -49,7 +49,7 @@ def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
     out.write_json("summary.json", summary)
     log.info("run %s: method=%s dataset=%s partitioner=%s -> %s", out.root.name, cfg.method,
              cfg.dataset, cfg.partitioner, out.root)
-    t0 = time.time()
+    run.started = time.time()
     strategy = None
     try:
         nodes = wait_for_nodes(grid, cfg.min_clients, timeout=cfg.node_timeout)
@@ -67,13 +67,15 @@ def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
         summary["error"] = type(err).__name__
         raise
     finally:
-        summary["wall_seconds"] = round(time.time() - t0, 3)
-        summary["phase_seconds"] = {k: round(v, 3) for k, v in run.phase_seconds.items()}
+        summary["wall_seconds"] = round(run.wall_seconds(), 3)  # a resumed run's: the stopped part's too
+        summary["phase_seconds"] = {k: round(v, 3) for k, v in run.total_phase_seconds().items()}
         summary["comm"] = run.comm()
         summary["failures"] = run.failures
         if strategy is not None and strategy.privacy:
             summary["privacy"] = strategy.privacy
-        out.write_json("comm.json", {"totals": summary["comm"], "by_phase": run.ledger.as_dict()["by_phase"]})
+        out.write_json("comm.json", {"totals": summary["comm"], "by_phase": run.ledger.as_dict()["by_phase"],
+                                     # a resumed run: by_phase is this part's; totals add the stopped part's
+                                     **({"before_resume": run.earlier()["per_client"]} if run.earlier() else {})})
         out.write_json("summary.json", summary)
         out.close()
         write_run_figures(out, summary, cfg)

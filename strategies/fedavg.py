@@ -109,7 +109,7 @@ class FedAvgStrategy(RoundStrategy):
             row.update(weighted_client_accuracy(self._client_acc))
         self.run.out.log_metrics(row)
         if server_round > 0:
-            save_checkpoint(self.run.out, server_round, model.state_dict())
+            save_checkpoint(self.run.out, server_round, model.state_dict(), self.run.progress())
         log.info("[round %d] global test accuracy %.4f", server_round, metrics["accuracy"])
         if server_round > 0:  # global_evaluate is the last step of Flower's round
             self.rounds.end(server_round)

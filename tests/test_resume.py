@@ -39,7 +39,7 @@ def test_a_stopped_run_resumes_to_the_same_final_accuracy(tmp_path):
     with pytest.raises(RuntimeError, match="min-clients"):
         run_server(_DiesInRound(3, dead_round=3), flat)
     assert json.loads((run_dir / "summary.json").read_text())["status"] == "failed"
-    assert json.loads((run_dir / CHECKPOINT_META).read_text()) == {"round": 2}
+    assert json.loads((run_dir / CHECKPOINT_META).read_text())["round"] == 2
 
     resumed = simulate_in_process({**CFG, "out-dir": str(tmp_path), "resume": str(run_dir)}, 3)
     assert resumed["status"] == "completed" and resumed["resumed_after_round"] == 2
@@ -90,3 +90,34 @@ def test_an_interrupted_run_says_so(tmp_path):
         run_server(_CtrlC(3), flat)
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["status"] == "interrupted" and summary["error"] == "KeyboardInterrupt"
+
+
+def test_a_stopped_table_cell_continues_and_its_summary_counts_the_whole_run(tmp_path):
+    """experiments.common.run on a config whose run stopped after round 2 (its federation went down in round 3)
+    continues it from the checkpoint, to the accuracy and the per-client bytes and messages of a run that was
+    never stopped: the checkpoint keeps what the run had spent (ServerRun.progress), the resumed summary adds it."""
+    from experiments.common import run, stopped_run
+    from fedapp.server_app import run_server
+
+    cfg = {**CFG, "fraction-evaluate": 0.0, "out-dir": str(tmp_path)}  # the tables': no client evaluation
+    whole = simulate_in_process({**cfg, "run-name": "whole"}, 3)
+    flat, run_dir = resolve_run_config({**cfg, "run-name": "cell"}, 3)
+    assert stopped_run(flat, 3) is None  # nothing to continue yet
+    with pytest.raises(RuntimeError, match="min-clients"):
+        run_server(_DiesInRound(3, dead_round=3), flat)
+    kept = json.loads((run_dir / CHECKPOINT_META).read_text())
+    assert kept["round"] == 2 and {c["messages_up"] for c in kept["progress"]["per_client"].values()} == {2}
+    assert stopped_run(flat, 3) == str(run_dir)
+    assert stopped_run({**flat, "lr": 0.5}, 3) is None  # another config starts over
+
+    resumed = run(flat, 3, "inprocess")
+    assert resumed["resumed_after_round"] == 2 and resumed["metrics"]["accuracy"] == whole["metrics"]["accuracy"]
+    got, want = resumed["comm"]["per_client"], whole["comm"]["per_client"]
+    assert got.keys() == want.keys() and resumed["comm"]["up_bytes"] == whole["comm"]["up_bytes"]
+    for c in want:  # both parts: 3 train messages each way per client, the same bytes up
+        assert (got[c]["messages_up"], got[c]["messages_down"], got[c]["up_bytes"]) == (3, 3, want[c]["up_bytes"])
+        # down: the resumed round's message also carries `resume` (the folder's path) in its run config
+        assert 0 < got[c]["down_bytes"] - want[c]["down_bytes"] < 2 * len(str(run_dir)) + 64
+    assert set(resumed["phase_seconds"]) == set(whole["phase_seconds"])
+    assert resumed["wall_seconds"] >= kept["progress"]["wall_seconds"]
+    assert stopped_run(flat, 3) is None  # completed: a rerun starts over

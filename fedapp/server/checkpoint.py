@@ -1,6 +1,8 @@
 """What a run leaves to be resumed or reused: the global model after every round
 (checkpoint.safetensors + checkpoint.json, both written atomically) and the final model
-(model.safetensors). `resume = "<run dir>"` continues a round-based run from its last checkpoint."""
+(model.safetensors). `resume = "<run dir>"` continues a round-based run from its last checkpoint.
+checkpoint.json also keeps what the run had spent by then (bytes per client, phase and wall seconds:
+ServerRun.progress), so that a resumed run's summary counts the whole run."""
 
 from __future__ import annotations
 
@@ -21,6 +23,7 @@ FINAL_MODEL = "model.safetensors"
 class Checkpoint:
     round: int  # the last completed server round
     state: dict[str, torch.Tensor]  # the global model after it
+    progress: dict  # what the run had spent by then (ServerRun.progress); {} in checkpoints written before it
 
 
 def save_tensors(out: RunDir, name: str, tensors: dict[str, torch.Tensor]) -> Path:
@@ -32,11 +35,12 @@ def save_tensors(out: RunDir, name: str, tensors: dict[str, torch.Tensor]) -> Pa
     return path
 
 
-def save_checkpoint(out: RunDir, server_round: int, state: dict[str, torch.Tensor]) -> None:
+def save_checkpoint(out: RunDir, server_round: int, state: dict[str, torch.Tensor],
+                    progress: dict | None = None) -> None:
     """Weights first, then the round that names them: a crash between the two leaves the previous
     round's meta pointing at newer weights only if both were written, never at half a file."""
     save_tensors(out, CHECKPOINT, state)
-    out.write_json(CHECKPOINT_META, {"round": int(server_round)})
+    out.write_json(CHECKPOINT_META, {"round": int(server_round), **({"progress": progress} if progress else {})})
 
 
 def save_model(out: RunDir, state: dict[str, torch.Tensor]) -> Path:
@@ -48,4 +52,5 @@ def load_checkpoint(folder: str | Path) -> Checkpoint:
 
     folder = Path(folder)
     meta = json.loads((folder / CHECKPOINT_META).read_text())
-    return Checkpoint(round=int(meta["round"]), state=load_file(str(folder / CHECKPOINT)))
+    return Checkpoint(round=int(meta["round"]), state=load_file(str(folder / CHECKPOINT)),
+                      progress=meta.get("progress", {}))

@@ -28,6 +28,25 @@ class ServerRun:
     phase_seconds: dict[str, float] = field(default_factory=dict)
     device: str = "cpu"
     resume_from: Any = None  # a fedapp.server.checkpoint.Checkpoint when the run continues an earlier one
+    started: float = field(default_factory=time.time)
+
+    def earlier(self) -> dict[str, Any]:
+        """What the stopped run this one continues had spent (its checkpoint's progress); {} for a new run."""
+        return self.resume_from.progress if self.resume_from is not None else {}
+
+    def wall_seconds(self) -> float:
+        return self.earlier().get("wall_seconds", 0.0) + time.time() - self.started
+
+    def total_phase_seconds(self) -> dict[str, float]:
+        out = dict(self.earlier().get("phase_seconds", {}))
+        for k, v in self.phase_seconds.items():
+            out[k] = out.get(k, 0.0) + v
+        return out
+
+    def progress(self) -> dict[str, Any]:
+        """What the run has spent so far, the earlier run's included: kept with each checkpoint."""
+        return {"per_client": self.comm()["per_client"], "phase_seconds": self.total_phase_seconds(),
+                "wall_seconds": self.wall_seconds()}
 
     def fail(self, node_id: int, phase: str, reason: str) -> None:
         pid = self.node_partition.get(node_id)
@@ -63,5 +82,9 @@ class ServerRun:
             if label in per:  # the same client under two node ids (it rejoined): merge, never overwrite
                 row = {k: per[label][k] + v for k, v in row.items()}
             per[label] = row
+        for label, row in self.earlier().get("per_client", {}).items():  # a resumed run's earlier part
+            per[label] = {k: per.get(label, {}).get(k, 0) + v for k, v in row.items()}
         totals["per_client"] = per
+        totals["up_bytes"] = sum(r["up_bytes"] for r in per.values())
+        totals["down_bytes"] = sum(r["down_bytes"] for r in per.values())
         return totals
