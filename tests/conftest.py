@@ -1,14 +1,25 @@
 """Shared fixtures."""
 
+import os
+
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
+
+
+def pytest_configure(config):
+    """Under pytest-xdist (pyproject's `-n 2`) each worker is one of two processes sharing the machine's
+    cores: one torch thread each (two threads per op on each contend badly on 2 cores), and the processes
+    a test starts (Ray actors, Flower's) inherit one OpenMP thread."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        os.environ["OMP_NUM_THREADS"] = "1"
+        torch.set_num_threads(1)
 
 
 @pytest.fixture(autouse=True, scope="session")
 def reader_cache(tmp_path_factory):
     """Evaluation readers (fedapp.readers) cache into this session's folder, never the user's cache."""
-    import os
-
     from fedapp.readers import CACHE_ENV
 
     old = os.environ.get(CACHE_ENV)
@@ -66,3 +77,15 @@ def one_actor(monkeypatch):
     passes OMP_NUM_THREADS on to its workers; this process keeps the threads it already has."""
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
     return {"client_resources": {"num_cpus": 2, "num_gpus": 0.0}}
+
+
+@pytest.fixture
+def fed(tmp_path):
+    """A federation of real Flower processes (tests/deploy_util.Federation), every one stopped after the test."""
+    from deploy_util import Federation
+
+    f = Federation(tmp_path)
+    try:
+        yield f
+    finally:
+        f.stop()

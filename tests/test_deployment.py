@@ -8,17 +8,16 @@ summary.json. What each one proves:
   only the node whose public key was registered with `flwr supernode register` takes part, from its
   own network namespace over a veth pair (root only; else over the loopback); a stranger with a key
   and one without are refused;
-- a SuperNode killed mid-run: the run completes and records that node's failure once, rightly;
-- Espresso's built-in prior reaches each of 3 SuperNodes (each with its own prior cache, as separate
-  machines have) once, and each keeps it.
+- a SuperNode killed mid-run: the run completes and records that node's failure once, rightly.
+
+Espresso's prior shipped to SuperNodes: tests/test_deployment_prior.py (its own module, so that pytest-xdist
+can run it beside these).
 """
 
 from __future__ import annotations
 
-import json
 import re
 import threading
-from pathlib import Path
 
 import pytest
 
@@ -29,15 +28,6 @@ from deploy_util import (HAVE_FLWR_CLI, NO_FLWR_CLI, Federation, VethNamespace, 
 pytestmark = pytest.mark.skipif(not HAVE_FLWR_CLI, reason=NO_FLWR_CLI)
 
 SUPERNODE_ID = r"SuperNode ID: (\d+)"  # what a SuperNode logs once the SuperLink accepted it
-
-
-@pytest.fixture
-def fed(tmp_path):
-    f = Federation(tmp_path)
-    try:
-        yield f
-    finally:
-        f.stop()
 
 
 @pytest.fixture
@@ -100,41 +90,6 @@ def test_killed_supernode_is_recorded_once_and_the_run_completes(fed):
     assert failure["phase"] == "train"
     assert failure["partition_id"] in (None, 2)  # it died before replying: its partition may be unknown
     assert "unavailable" in failure["reason"].lower()  # Flower's verdict, not a timeout
-
-
-def test_each_supernode_downloads_the_prior_once_and_keeps_it(fed, tmp_path):
-    """Three SuperNodes, each with a FEDAPP_CACHE of its own (as separate machines have), and the server's
-    built-in prior (here a random one where `tiny` resolves in the server's cache). The server announces it
-    by its digest (query.prior) and sends the weights to the nodes that lack it (`espresso.ship-prior=all`:
-    at once, one SuperNode per machine): every node gets them once (query.prior's bytes down, from the
-    run's comm.json, are the prior's size per node) and keeps them in its cache under that digest; train
-    messages carry the digest only."""
-    import shutil
-
-    from fedapp.models.prior.tiny import TEST_CONFIG, random_tiny_prior, tiny_prior_path
-
-    fed.env["FEDAPP_CACHE"] = str(tmp_path / "server-cache")  # the SuperLink's, so the ServerApp's
-    prior = random_tiny_prior(TEST_CONFIG, dataset="digit-styles", seed=0).save_pretrained(tmp_path / "prior")
-    shutil.copytree(prior, tiny_prior_path("digit-styles", cache_dir=tmp_path / "server-cache" / "priors"))
-    size = sum(f.stat().st_size for f in Path(prior).rglob("*") if f.is_file())
-    port = free_port()
-    fed.superlink("127.0.0.1", port)
-    fed.connection("loopback", f"127.0.0.1:{port}")
-    caches = [tmp_path / f"node{k}-cache" for k in range(3)]
-    for k in range(3):
-        fed.supernode(f"node{k}", f"127.0.0.1:{port}", k, 3, env={"FEDAPP_CACHE": str(caches[k])})
-    s = fed.run_app("loopback", "espresso", min_clients=3, method="espresso", dataset="digit-styles",
-                    prior="tiny", **{"partitioner.name": "domain", "partitioner.per-class": 2,
-                                     "espresso.embed-steps": 2, "espresso.steps": 2, "espresso.ratio": 1.0,
-                                     "espresso.mixup-pairs": 4, "espresso.embed-batch": 8, "server-epochs": 1,
-                                     "espresso.ship-prior": "all"})
-    assert s["status"] == "completed" and s["failures"] == [] and s["num_clients"] == 3
-    by_node = json.loads((Path(s["run_dir"]) / "comm.json").read_text())["by_phase"].values()
-    prior_down = sorted(phases["query.prior"]["down"] for phases in by_node)
-    assert len(prior_down) == 3 and all(size < b < 1.1 * size for b in prior_down), (size, prior_down)
-    assert [phases["query.prior"]["messages_down"] for phases in by_node] == [2, 2, 2]  # asked once, sent once
-    assert all(phases["train"]["down"] < 50_000 for phases in by_node)  # the digest, not the weights
-    assert [len(list((c / "priors").glob("shipped-*"))) for c in caches] == [1, 1, 1]
 
 
 @pytest.fixture
