@@ -191,6 +191,7 @@ def main(argv: list[str]) -> None:
     for key, default in (("p_uncond", 0.0), ("guidance", "1"), ("ema", 0.0)):
         if setup[key] == default:
             del setup[key]
+
     def measure(seed: int, progress, partial: list) -> dict[str, Any]:
         return sweep_seed(a, seed, steps, progress, partial, train_state(Path(a.runs_dir), path, setup, seed))
 
