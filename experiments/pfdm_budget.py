@@ -84,14 +84,11 @@ def sweep_seed(a, seed: int, steps: list[int], progress=lambda points: None, par
 
 def train_state(runs_dir: Path, path: Path, setup: dict[str, Any], seed: int):
     """A seed's TrainState file, named by the sweep and a digest of its setup (another setup gets another file)."""
-    import hashlib
-    import json
-
+    from fedapp.models.cache import facts_digest
     from fedapp.models.checkpoints import TrainState
 
     signature = {"setup": setup, "seed": seed}
-    digest = hashlib.sha256(json.dumps(signature, sort_keys=True).encode()).hexdigest()[:12]
-    return TrainState(runs_dir / f"{path.stem}_s{seed}_{digest}.pt", signature)
+    return TrainState(runs_dir / f"{path.stem}_s{seed}_{facts_digest(signature)}.pt", signature)
 
 
 def guidances(a) -> list[float]:

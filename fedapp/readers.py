@@ -13,7 +13,6 @@ import copy
 import functools
 import hashlib
 import inspect
-import json
 import logging
 import os
 import tempfile
@@ -25,7 +24,7 @@ import torch
 from torch import nn
 
 from fedapp.models import classifier
-from fedapp.models.cache import cache_home
+from fedapp.models.cache import cache_home, facts_digest
 from fedapp.models.classifier import SmallCNN, accuracy, train_classifier
 
 log = logging.getLogger("fedapp")
@@ -66,7 +65,7 @@ def cache_key(facts: dict[str, Any], model: nn.Module, train: Data) -> str:
     training recipe's source and the training data: a change to any of them is a new entry."""
     code = inspect.getsource(type(model)) + repr(model) + inspect.getsource(classifier.train_classifier)
     facts = {**facts, "code": hashlib.sha256(code.encode()).hexdigest(), "data": _fingerprint(*train)}
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+    return facts_digest(facts, 16)
 
 
 def _load(path: Path, untrained: nn.Module) -> nn.Module | None:

@@ -155,10 +155,12 @@ def test_checkpoints_read_one_continuous_run_with_the_weights_it_would_end_with(
 
 
 @pytest.mark.parametrize("ema", [0.0, 0.9])
-def test_a_run_cut_after_a_saved_state_resumes_to_the_weights_and_readings_of_an_uninterrupted_one(tmp_path, ema):
+def test_a_run_cut_after_a_saved_state_resumes_to_the_weights_and_readings_of_an_uninterrupted_one(tmp_path, ema,
+                                                                                                    monkeypatch):
     """train_ddpm(state=TrainState(...)): killed at its step-7 checkpoint (the state saved at step 4's), the
     same call again continues from step 4 (net, EMA, Adam, data generator, losses) and ends bit-equal to an
-    uninterrupted run, with the same readings and loss; a file saved for other settings is refused, naming both."""
+    uninterrupted run, with the same readings and loss; a file saved for other settings is refused, naming both.
+    Asking the saved step and then resuming loads the file once."""
     from fedapp.models.checkpoints import TrainState
     from fedapp.models.ddpm import train_ddpm
 
@@ -187,10 +189,14 @@ def test_a_run_cut_after_a_saved_state_resumes_to_the_weights_and_readings_of_an
     with pytest.raises(Killed):
         train_ddpm(fresh(), x, y, steps=10, batch=8, ema=ema, p_uncond=0.3, checkpoints=[4, 7, 10],
                    on_checkpoint=killed_at_7, state=state)
+    loads = []
+    real_load = torch.load
+    monkeypatch.setattr(torch, "load", lambda *a, **k: loads.append(a[0]) or real_load(*a, **k))
     assert state.saved_step() == 4
     resumed, read_resumed = fresh(), {}
     loss_resumed = train_ddpm(resumed, x, y, steps=10, batch=8, ema=ema, p_uncond=0.3, checkpoints=[4, 7, 10],
                               on_checkpoint=reading(read_resumed), state=state)
+    assert loads == [state.path]  # saved_step's load served restore too
     assert state.saved_step() == 10
     for a, b in zip(whole.state_dict().values(), resumed.state_dict().values()):
         assert torch.equal(a, b)

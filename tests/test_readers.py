@@ -161,3 +161,14 @@ def test_the_cache_lives_beside_the_priors_unless_pointed_elsewhere(tmp_path, mo
     monkeypatch.delenv(R.CACHE_ENV)
     monkeypatch.setenv("FEDAPP_CACHE", str(tmp_path))
     assert R.cache_dir() == tmp_path / "readers" and cache_root() == tmp_path / "priors"
+
+
+def test_a_cache_entry_is_named_by_its_facts_not_their_order():
+    """The one digest the reader, prior and train-state caches name their entries by: the order of the facts
+    does not change it, any fact's value does, and its length is the caller's."""
+    from fedapp.models.cache import facts_digest
+
+    a = facts_digest({"dataset": "digits", "seed": 0, "epochs": [1, 2]})
+    assert a == facts_digest({"epochs": [1, 2], "seed": 0, "dataset": "digits"}) and len(a) == 12
+    assert a != facts_digest({"dataset": "digits", "seed": 1, "epochs": [1, 2]})
+    assert len(facts_digest({"x": 1}, 16)) == 16 and facts_digest({"x": 1}, 16).startswith(facts_digest({"x": 1}))

@@ -44,23 +44,26 @@ class TrainState:
 
     def __init__(self, path: str | Path, signature: dict):
         self.path, self.signature = Path(path), dict(signature)
+        self._loaded: dict | None = None  # the file as `saved_step` read it, handed to `restore` (one load)
 
     def saved_step(self) -> int:
         """The step the file holds (0: no file)."""
         return int(self._read()["step"]) if self.path.exists() else 0
 
     def _read(self) -> dict:
-        state = torch.load(self.path, map_location="cpu", weights_only=False)
-        if state["signature"] != self.signature:
-            raise ValueError(f"train state {self.path}: saved for {state['signature']}, not this run's "
-                             f"{self.signature}; remove the file to start over")
-        return state
+        if self._loaded is None:
+            state = torch.load(self.path, map_location="cpu", weights_only=False)
+            if state["signature"] != self.signature:
+                raise ValueError(f"train state {self.path}: saved for {state['signature']}, not this run's "
+                                 f"{self.signature}; remove the file to start over")
+            self._loaded = state
+        return self._loaded
 
     def restore(self, parts: dict, generator, extras: dict) -> int:
         """Load every part's state dict, the generator's state and the `extras` lists in place; the step."""
         if not self.path.exists():
             return 0
-        state = self._read()
+        state, self._loaded = self._read(), None  # restored once: the memory goes back
         for name, obj in parts.items():
             if obj is not None:
                 obj.load_state_dict(state["parts"][name])
@@ -70,6 +73,7 @@ class TrainState:
         return int(state["step"])
 
     def save(self, step: int, parts: dict, generator, extras: dict) -> None:
+        self._loaded = None
         buf = io.BytesIO()
         torch.save({"step": step, "signature": self.signature, "generator": generator.get_state(),
                     "parts": {n: o.state_dict() for n, o in parts.items() if o is not None},

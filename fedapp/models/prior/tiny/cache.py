@@ -19,7 +19,7 @@ from typing import Callable
 
 import torch
 
-from ...cache import cache_home
+from ...cache import cache_home, facts_digest
 from .config import CODE_VERSION, DEFAULT_IMAGE_SIZE, DEFAULT_STEPS, TinyPriorConfig, TinyVaeConfig
 
 
@@ -38,7 +38,7 @@ def _key(dataset: str, image_size: int, steps: int, seed: int, config: TinyPrior
         facts["domains"] = sorted(domains)
     if vae is not None:  # tiny-sd; pixel priors keep their keys
         facts["vae"] = asdict(vae)
-    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:12]
+    return facts_digest(facts)
 
 
 def hash_data(x: torch.Tensor, y: torch.Tensor, class_names: list[str]) -> str:
