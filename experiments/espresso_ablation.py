@@ -19,6 +19,13 @@ it sees as many minibatches as a synthetic row. The rows of a seed share one Rep
 only changes the server side (its MethodSpec.server_only_keys), so C+Z reuses C's client replies and C+G+Z
 reuses C+G's. Accuracies come from each run's summary.json; the fidelity readers (--fidelity) and the
 image grids read the synthetic set each run writes (espresso.save-synthetic: synthetic.safetensors).
+
+Resuming (--resume): seeds already in the JSON are skipped, and within a seed every row that finished
+before a stop is read back from <runs>/rows/ (its figures, named by a digest of the row's whole run config
+and the readers' settings), so a seed longer than a session loses at most the row it was running.
+--reader-seed N trains the two readers once, with seed N, for every seed of the table (a fixed instrument,
+as FID's Inception network is; at 28 px a reader costs ~10 min of a core); without it each seed trains its
+own.
 """
 
 from __future__ import annotations
@@ -103,6 +110,21 @@ def accuracies(summary: dict[str, Any]) -> dict[str, Any]:
             "num_train": m["num_train"] if m.get("oracle") else m["num_synthetic"]}
 
 
+def row_file(name: str, flat: dict[str, Any], args) -> Path:
+    """Where a finished row's figures wait for a resumed table: named by the row's whole run config and the
+    readers' settings, so that a row measured under other settings is never read back."""
+    from fedapp.models.cache import facts_digest
+
+    facts = {"config": flat, "fidelity": args.fidelity, "reader_epochs": args.reader_epochs,
+             "reader_seed": args.reader_seed}
+    return Path(args.runs) / "rows" / f"{flat['run-name']}-{facts_digest(facts)}.json"
+
+
+def reader_seed(seed: int, args) -> int:
+    """The seed the fidelity readers train with: --reader-seed for every table seed, else the table seed."""
+    return seed if args.reader_seed is None else args.reader_seed
+
+
 def fidelity_readers(server, seed: int, epochs: int = 40) -> dict[str, Any]:
     """Two readers (fedapp.readers) trained on the server's real public split: a class reader and a domain
     reader (which of the four styles an image is in), with their accuracy on the real global test set and
@@ -140,6 +162,7 @@ def fidelity(readers: dict[str, Any], synth: list[tuple[torch.Tensor, torch.Tens
 
 def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> tuple[dict, dict]:
     from fedapp.data import all_client_shards, server_data
+    from fedapp.protocols.espresso import SYNTHETIC_FILE
     from fedapp.simulation import ReplyCache, simulate_in_process
 
     cfg = parsed(base_config(seed, args, overrides), args.clients)
@@ -147,15 +170,25 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
     shards = all_client_shards(cfg, args.clients)  # ORACLE, for the diagnostics: readers' truth, real panels
     domains = list(server.info.attributes["domain"])
     domain_ids = [domains.index(s.meta["domain"]) for s in shards]
-    readers = fidelity_readers(server, seed, args.reader_epochs) if args.fidelity else None
+    readers = fidelity_readers(server, reader_seed(seed, args), args.reader_epochs) if args.fidelity else None
     cache = ReplyCache()  # the rows of a seed reuse each other's client replies where the client work is the same
     results, images, seconds = {}, {}, {}
     for name, method, _ in ROWS:
         if name not in args.rows:
             continue
+        flat = row_config(name, seed, args, overrides)
+        saved = row_file(name, flat, args)
+        if args.resume and saved.is_file():  # finished before a stop: its figures, not a second run
+            row = json.loads(saved.read_text())
+            results[name], seconds[name] = row["results"], row["seconds"]
+            if keep_images and name in PANELS and Path(row["run_dir"], SYNTHETIC_FILE).is_file():
+                images.update({(name, shards[p].meta["domain"]): xy
+                               for p, xy in synthetic_set(row["run_dir"]).items()})
+            print(f"  seed {seed}: {name:12s} read back from {saved}", flush=True)
+            continue
         t0 = time.time()
         hits, misses = cache.hits, cache.misses
-        summary = simulate_in_process(row_config(name, seed, args, overrides), args.clients, reply_cache=cache)
+        summary = simulate_in_process(flat, args.clients, reply_cache=cache)
         results[name] = accuracies(summary)
         if method == "centralized":
             synth = {pid: (sh.train.x, sh.train.y) for pid, sh in enumerate(shards)}  # what it trained on: real data
@@ -171,6 +204,7 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
             images.update({(name, shards[p].meta["domain"]): xy for p, xy in synth.items()})
         seconds[name] = {"wall": round(time.time() - t0, 1), **summary["phase_seconds"],
                          "client_calls_reused": cache.hits - hits, "client_calls_run": cache.misses - misses}
+        atomic_write_json(saved, {"results": results[name], "seconds": seconds[name], "run_dir": summary["run_dir"]})
         print(f"  seed {seed}: {name:12s} mean-domain acc {results[name]['mean_domain_accuracy']:.4f} "
               f"({seconds[name]['wall']} s; client calls: {seconds[name]['client_calls_run']} run, "
               f"{seconds[name]['client_calls_reused']} reused)", flush=True)
@@ -334,11 +368,15 @@ def main(argv: list[str]) -> None:
     p.add_argument("--out", default="docs/results", help="folder for the JSON and PNGs")
     p.add_argument("--runs", default="runs/espresso-ablation", help="folder of the runs' own folders")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
-    p.add_argument("--resume", action="store_true", help="skip seeds already in the JSON file")
+    p.add_argument("--resume", action="store_true",
+                   help="skip seeds already in the JSON file, and rows of a stopped seed already finished")
     p.add_argument("--fidelity", action="store_true",
                    help="also read the synthetic images with a class and a domain classifier "
                         "trained on real public images")
     p.add_argument("--reader-epochs", type=int, default=40, help="epochs of the --fidelity readers")
+    p.add_argument("--reader-seed", type=int, default=None,
+                   help="train the --fidelity readers once with this seed for every table seed "
+                        "(default: each seed its own)")
     p.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (use with --threads 1)")
     a = p.parse_args(argv)
     check_cpu_budget(a.jobs, a.threads)
@@ -373,7 +411,8 @@ def main(argv: list[str]) -> None:
             "setting": {"dataset": cfg.dataset, "partitioner": cfg.partitioner, **cfg.partitioner_params,
                         "clients": a.clients,
                         "per-class": a.per_class, "seeds": a.seeds, "config": opts,
-                        "ceiling_epochs": ceiling_epochs(cfg)},
+                        "ceiling_epochs": ceiling_epochs(cfg),
+                        **({"reader_seed": a.reader_seed} if a.reader_seed is not None else {})},
             "how": "one process per seed (--jobs); each row a run of the real strategy (prompts, class-embed, espresso "
                    "with init/sampler switches, centralized = oracle ceiling) through "
                    "fedapp.simulation.simulate_in_process, the seed's rows sharing one ReplyCache (rows that differ "

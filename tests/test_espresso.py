@@ -493,6 +493,56 @@ def test_ablation_command_writes_every_row_table_and_figures(tmp_path, prior_dir
     assert reused["C+Z"] == reused["C+G+Z"] == 2 and reused["C"] == reused["C+G"] == reused["Ceiling"] == 0
 
 
+def test_a_stopped_ablation_seed_resumes_at_the_row_it_was_running_with_one_fixed_reader(tmp_path, prior_dir,
+                                                                                        monkeypatch):
+    """--resume reads the rows a stopped seed finished back from <runs>/rows/ (no second run) and runs the
+    rest; the table equals an uninterrupted one's. --reader-seed: every seed is read by the same readers,
+    trained once; a row file of other reader settings is another file."""
+    import argparse
+
+    import fedapp.simulation as sim
+    from experiments import espresso_ablation as ab
+    from fedapp import readers as R
+
+    sets = ["--set", *[f"{k}={v}" for k, v in {**FAST, "prior": str(prior_dir)}.items()]]
+
+    def argv(out, seeds, runs_dir, *extra):
+        return ["--seeds", *seeds, "--clients", "2", "--per-class", "2", "--threads", "1", "--out", str(out),
+                "--runs", str(runs_dir), "--rows", "C", "C+G", "--fidelity", "--reader-epochs", "1",
+                "--reader-seed", "7", *extra, *sets]
+
+    trained, runs = [], []
+    real_train, real_sim = R.train_classifier, sim.simulate_in_process
+    monkeypatch.setattr(R, "train_classifier", lambda *a, **k: trained.append(k["seed"]) or real_train(*a, **k))
+
+    def stop_at(name):
+        def simulate(flat, *a, **k):
+            runs.append(flat["run-name"])
+            if flat["run-name"] == name:
+                raise KeyboardInterrupt  # the session's end, mid-seed
+            return real_sim(flat, *a, **k)
+        return simulate
+
+    monkeypatch.setattr(sim, "simulate_in_process", stop_at("c-g-s0"))
+    with pytest.raises(KeyboardInterrupt):
+        ab.main(argv(tmp_path / "cut", ["0"], tmp_path / "runs"))
+    assert runs == ["c-s0", "c-g-s0"] and trained == [7, 7]  # one class reader, one domain reader
+    monkeypatch.setattr(sim, "simulate_in_process", stop_at(None))
+    runs.clear()
+    ab.main(argv(tmp_path / "cut", ["0", "1"], tmp_path / "runs", "--resume"))
+    assert runs == ["c-g-s0", "c-s1", "c-g-s1"] and trained == [7, 7]  # seed 0's C read back; seed 1: no reader
+    cut = json.loads((tmp_path / "cut" / "espresso_ablation.json").read_text())
+    assert cut["setting"]["reader_seed"] == 7
+    assert cut["per_seed"]["0"]["readers"] == cut["per_seed"]["1"]["readers"]  # one instrument for every seed
+    ab.main(argv(tmp_path / "whole", ["0"], tmp_path / "runs2"))
+    whole = json.loads((tmp_path / "whole" / "espresso_ablation.json").read_text())
+    assert cut["per_seed"]["0"]["results"] == whole["per_seed"]["0"]["results"]
+    flat = ab.row_config("C", 0, argparse.Namespace(clients=2, per_class=2, runs=str(tmp_path / "runs")), {})
+    args = argparse.Namespace(runs=str(tmp_path / "runs"), fidelity=True, reader_epochs=1, reader_seed=7)
+    for change in ({"reader_epochs": 2}, {"reader_seed": None}):
+        assert ab.row_file("C", flat, args) != ab.row_file("C", flat, argparse.Namespace(**{**vars(args), **change}))
+
+
 def test_fidelity_counts_the_intended_class_and_the_clients_own_domain():
     from experiments.espresso_ablation import fidelity
 
