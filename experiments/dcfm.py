@@ -18,7 +18,8 @@ Compute per row (flow_compute): optimiser steps of every net its samples need an
 batch-size. Runs go through fedapp.simulation.simulate_in_process (default; --backend ray: fedapp.simulate)
 with --threads torch threads (default: the cores available); in-process, a (seed, split)'s rows share one
 ReplyCache, so DCFM-B reuses DCFM-A's Stage-I experts and local-only-flow DDM's (the same plain Stage I;
-`client_calls_reused` per row) instead of training them again.
+`client_calls_reused` per row) instead of training them again; the cache keeps them on disk under
+<runs>/reply-cache, so a table resumed in a later session does not train them again either.
 """
 
 from __future__ import annotations
@@ -229,7 +230,8 @@ def main(argv: list[str]) -> None:
 
     for seed in seeds:
         for split in SPLITS:
-            cache = ReplyCache() if a.backend == "inprocess" else None
+            # kept on disk too (<runs>/reply-cache): a table cut between DCFM-A and DCFM-B trains Stage I once
+            cache = ReplyCache(Path(a.runs) / "reply-cache") if a.backend == "inprocess" else None
             for name, extra in ROWS:
                 if (name, split, seed) in have:
                     continue

@@ -171,7 +171,9 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
     domains = list(server.info.attributes["domain"])
     domain_ids = [domains.index(s.meta["domain"]) for s in shards]
     readers = fidelity_readers(server, reader_seed(seed, args), args.reader_epochs) if args.fidelity else None
-    cache = ReplyCache()  # the rows of a seed reuse each other's client replies where the client work is the same
+    # the rows of a seed reuse each other's client replies where the client work is the same, also across a
+    # stop (kept under <runs>/reply-cache: a resumed C+G+Z reuses the C+G clients' work done before the stop)
+    cache = ReplyCache(Path(args.runs) / "reply-cache")
     results, images, seconds = {}, {}, {}
     for name, method, _ in ROWS:
         if name not in args.rows:

@@ -10,6 +10,7 @@ runs of an experiment's grid. Tests, experiments and benchmarks share these two.
 from __future__ import annotations
 
 import copy
+import functools
 import hashlib
 import json
 import os
@@ -137,6 +138,64 @@ def _feed_records(h: Any, records: Mapping[str, Any], skip: frozenset = frozense
                     _feed(h, rec[k])
 
 
+def client_code_digest() -> str:
+    """16 hex digits over the source of every module a client's reply depends on (fedapp, clients, feddata):
+    a disk-kept reply is only read back by the code that wrote it."""
+    return _code_digest()
+
+
+@functools.lru_cache(maxsize=1)
+def _code_digest() -> str:
+    root = Path(__file__).resolve().parent.parent
+    h = hashlib.sha256()
+    for package in ("fedapp", "clients", "feddata"):
+        for path in sorted((root / package).rglob("*.py")):
+            h.update(path.relative_to(root).as_posix().encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()[:16]
+
+
+def _write_reply(path: Path, content: Any, state: Any) -> None:
+    """(reply content, node state) as two length-prefixed protobuf RecordDicts, written atomically; a write
+    that fails is a warning (the cache saves time, never a run)."""
+    import logging
+
+    from flwr.common.serde import recorddict_to_proto
+
+    from fedapp.results import atomic_write_bytes
+
+    blobs = [recorddict_to_proto(r).SerializeToString() for r in (content, state)]
+    try:
+        atomic_write_bytes(path, b"".join(len(b).to_bytes(8, "little") + b for b in blobs))
+    except OSError as err:
+        logging.getLogger("fedapp").warning("reply cache %s not written (%s)", path, err)
+
+
+def _read_reply(path: Path) -> tuple[Any, Any] | None:
+    """What _write_reply wrote; None when the file is absent or does not parse (a warning then)."""
+    if not path.is_file():
+        return None
+    import logging
+
+    from flwr.common.serde import recorddict_from_proto
+    from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
+
+    try:
+        data, out, at = path.read_bytes(), [], 0
+        for _ in range(2):
+            n = int.from_bytes(data[at:at + 8], "little")
+            if n > len(data) - at - 8:
+                raise ValueError("truncated")
+            out.append(recorddict_from_proto(ProtoRecordDict.FromString(data[at + 8:at + 8 + n])))
+            at += 8 + n
+        if at != len(data):
+            raise ValueError("trailing bytes")
+        return out[0], out[1]
+    except Exception as err:  # noqa: BLE001 - any unreadable entry is a miss
+        logging.getLogger("fedapp").warning("reply cache %s unreadable (%s: %s); the client runs again",
+                                            path, type(err).__name__, err)
+        return None
+
+
 class ReplyCache:
     """Client replies kept across the runs of an experiment's grid, so that runs which send the
     clients the same work get it done once.
@@ -154,10 +213,18 @@ class ReplyCache:
     it the same message get the same reply (DCFM's DDM and local-only-flow: the same plain Stage I).
 
     Not exact where a client draws from the OS (PFDM's DP noise): a hit replays the first draw.
+
+    `folder`: the replies are also kept on disk (Flower's own protobuf serialisation of the reply and the
+    state, no pickle), so that a table that spans sessions trains a Stage I once, not once a session. The
+    entries go under a subfolder named by a digest of the code a reply depends on (`client_code_digest`):
+    after any change to fedapp, clients or feddata the old entries are not read. A prior named by a path is
+    assumed not to change in place (the built-in ones are cached under a key of their build). A file that
+    does not read back is a miss (and a warning), never a failed run.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, folder: str | Path | None = None) -> None:
         self._entries: dict[str, tuple[Any, Any]] = {}  # key -> (reply content, node state after)
+        self.folder = Path(folder) / client_code_digest() if folder is not None else None
         self.hits = 0
         self.misses = 0
 
@@ -186,6 +253,10 @@ class ReplyCache:
     def get(self, key: str) -> tuple[Any, Any] | None:
         """(reply content, node state after the call), copied; None on a miss. Counts hits and misses."""
         entry = self._entries.get(key)
+        if entry is None and self.folder is not None:
+            entry = _read_reply(self.folder / f"{key}.reply")  # kept by an earlier process
+            if entry is not None:
+                self._entries[key] = entry
         if entry is None:
             self.misses += 1
             return None
@@ -194,6 +265,8 @@ class ReplyCache:
 
     def put(self, key: str, content: Any, state_after: Any) -> None:
         self._entries[key] = copy.deepcopy((content, state_after))
+        if self.folder is not None:
+            _write_reply(self.folder / f"{key}.reply", content, state_after)
 
     def replies(self) -> list[Any]:
         """Copies of the kept reply contents, in the order they were first answered."""

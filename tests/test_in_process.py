@@ -111,6 +111,41 @@ def test_a_stateful_client_gets_its_state_back_from_the_cache(tmp_path):
         assert p1.keys() == p2.keys() and all(torch.equal(p1[k], p2[k]) for k in p1)
 
 
+def test_a_reply_cache_on_disk_serves_a_later_process_and_only_the_code_that_wrote_it(tmp_path, monkeypatch,
+                                                                                     fedapp_log):
+    """ReplyCache(folder): a fresh cache on the same folder (a later session's process) serves every call of
+    the same run, states included; another code digest reads nothing; an unreadable entry is a miss."""
+    import fedapp.simulation as sim
+
+    flat = {**all_defaults(), "method": "moon", "num-server-rounds": 1, "local-epochs": 1, "min-clients": 2,
+            "partitioner.name": "iid", "partitioner.per-class": 3, "out-dir": str(tmp_path), "run-name": "moon"}
+    first = ReplyCache(tmp_path / "replies")
+    grid1 = InProcessGrid(2, reply_cache=first)
+    s1 = run_server(grid1, flat)
+    calls = first.misses
+    files = sorted(first.folder.glob("*.reply"))
+    assert first.folder.parent == tmp_path / "replies" and len(files) == calls == 4  # 2 clients x (train, evaluate)
+    later = ReplyCache(tmp_path / "replies")
+    grid2 = InProcessGrid(2, reply_cache=later)
+    s2 = run_server(grid2, flat)
+    assert (later.hits, later.misses) == (calls, 0) and s2["metrics"] == s1["metrics"]
+    for n1, n2 in zip(grid1.nodes.values(), grid2.nodes.values()):
+        p1 = n1.state.array_records[STATE_PREV_MODEL].to_torch_state_dict()
+        p2 = n2.state.array_records[STATE_PREV_MODEL].to_torch_state_dict()
+        assert p1.keys() == p2.keys() and all(torch.equal(p1[k], p2[k]) for k in p1)
+    # an unreadable entry: that call runs again, the rest are served
+    files[0].write_bytes(files[0].read_bytes()[:-5])
+    torn = ReplyCache(tmp_path / "replies")
+    s3 = run_server(InProcessGrid(2, reply_cache=torn), flat)
+    assert (torn.hits, torn.misses) == (calls - 1, 1) and s3["metrics"] == s1["metrics"]
+    assert "unreadable (ValueError: truncated); the client runs again" in fedapp_log.text
+    # other code: another subfolder, nothing read back
+    monkeypatch.setattr(sim, "client_code_digest", lambda: "0" * 16)
+    changed = ReplyCache(tmp_path / "replies")
+    run_server(InProcessGrid(2, reply_cache=changed), flat)
+    assert changed.hits == 0 and changed.folder != first.folder
+
+
 @pytest.mark.parametrize("method, own", [("fedavg", None), ("fedprox", "fedprox.mu")])
 def test_a_round_based_run_sends_its_clients_the_common_keys_and_its_own_namespace_only(tmp_path, method, own):
     from fedapp.protocols import FLOWER_CONFIG_KEYS
