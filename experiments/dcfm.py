@@ -3,6 +3,9 @@ and composition accuracy, seen vs novel (digit, colour) pairs, IID vs non-IID, f
 local-only-flow, DCFM-A and DCFM-B.
 
     python -m experiments dcfm [--clients 5] [--seeds 0,1,2] [--quick] [--out docs/results]
+    # a budget sweep of one run-config key over some rows (issue 28 item 2): each value is a row of its own,
+    # "<row>@<key>=<value>", written to <out>/dcfm[_<dataset>]_sweep_<key>.json; Stage I is shared
+    python -m experiments dcfm --rows dcfm-b --splits non-iid --sweep dcfm.distill-steps=500,1000,2000
 
 Writes <out>/dcfm[_<dataset>].json (one row per run, written after each run so an interrupted table resumes;
 the mean +- std over seeds per method and split) and <out>/dcfm[_<dataset>]_grid.png (DCFM-B, non-IID, first
@@ -51,8 +54,25 @@ QUICK = {**SETTINGS, "num-server-rounds": 2, "dcfm.fl-local-steps": 5, "dcfm.loc
          "dcfm.router-steps": 10, "dcfm.ref-epochs": 1}
 
 
+def base_row(name: str) -> str:
+    """The table row a sweep row varies: "dcfm-b@dcfm.distill-steps=500" -> "dcfm-b"."""
+    return name.split("@")[0]
+
+
+def sweep_rows(rows: list[tuple[str, dict]], sweep: str | None) -> list[tuple[str, dict]]:
+    """`rows`, or with --sweep KEY=V1,V2,..: each row once per value, named "<row>@KEY=<value>", the value typed
+    as --set types it."""
+    if not sweep:
+        return rows
+    key, _, values = sweep.partition("=")
+    if not key or not values:
+        raise SystemExit(f"--sweep={sweep!r}: must be KEY=V1,V2,... (e.g. dcfm.distill-steps=500,1000)")
+    return [(f"{name}@{key}={v}", {**extra, **parse_set([f"{key}={v}"])}) for name, extra in rows
+            for v in values.split(",")]
+
+
 def config(name: str, extra: dict, split: str, clients: int, settings: dict, out_dir: str, seed: int = 0) -> dict:
-    method = "dcfm" if name.startswith("dcfm") else name
+    method = "dcfm" if base_row(name).startswith("dcfm") else base_row(name)
     return {"method": method, "partitioner": "attribute-holdout", "seed": seed,
             "partitioner.per-class": 0, "partitioner.coverage": 0.5, "partitioner.split": split, "min-clients": clients,
             "out-dir": out_dir, "run-name": f"{name}-{split}" + (f"-seed{seed}" if seed else ""), **settings, **extra}
@@ -99,7 +119,7 @@ def transfers_from_run(run_dir: str) -> float:
     return round(sum(vals) / len(vals), 3)
 
 
-def flow_compute(name: str, settings: dict, clients: int) -> dict[str, int]:
+def flow_compute(name: str, settings: dict, clients: int, extra: dict | None = None) -> dict[str, int]:
     """A row's optimiser steps, summed over the nets its samples need, and images seen = steps x batch-size
     (every trainer draws batch-size a step; the router's and the student's are generated, not real):
     fedflow clients x num-server-rounds x dcfm.fl-local-steps; local-only-flow clients x dcfm.local-steps
@@ -107,12 +127,13 @@ def flow_compute(name: str, settings: dict, clients: int) -> dict[str, int]:
     DCFM-B Stage I + dcfm.distill-steps. Not counted: the reference classifiers (evaluation only)."""
     from fedapp.config import parse_run_config
 
-    cfg = parse_run_config(config(name, dict(ROWS)[name], SPLITS[0], clients, settings, "runs"))
+    cfg = parse_run_config(config(name, dict(ROWS)[base_row(name)] if extra is None else extra, SPLITS[0], clients,
+                                  settings, "runs"))
     o = cfg.options
     stage_one = clients * o.local_steps
     steps = {"fedflow": clients * cfg.num_server_rounds * o.fl_local_steps, "local-only-flow": stage_one,
              "ddm": stage_one + o.router_steps, "dcfm-a": stage_one + clients * o.rounds * o.peer_steps,
-             "dcfm-b": stage_one + o.distill_steps}[name]
+             "dcfm-b": stage_one + o.distill_steps}[base_row(name)]
     return {"steps": steps, "images_seen": steps * cfg.batch_size}
 
 
@@ -172,7 +193,9 @@ def summarise(rows: list[dict], compute: dict[str, dict] | None = None) -> list[
     """Per (method, split): the mean and std over seeds of MEAN_KEYS (common.over_seeds), the seeds, the
     split's verdict and the row's compute (flow_compute, when given)."""
     out, verdicts = [], split_verdicts(rows)
-    for name, _ in ROWS:
+    table_rows = [n for n, _ in ROWS]
+    names = table_rows + list(dict.fromkeys(r["method"] for r in rows if r["method"] not in table_rows))  # sweeps
+    for name in names:
         for split in SPLITS:
             mine = [r for r in rows if r["method"] == name and r["split"] == split]
             if mine:
@@ -200,6 +223,10 @@ def parser() -> argparse.ArgumentParser:
                    help="run-config overrides on top of the table's settings (e.g. dcfm.local-steps=200)")
     p.add_argument("--out", default="docs/results", help="folder for dcfm[_<dataset>].json and its grid")
     p.add_argument("--runs", default="runs/dcfm-table", help="folder of the runs' own folders")
+    p.add_argument("--rows", default=",".join(n for n, _ in ROWS), help="subset of the table's rows")
+    p.add_argument("--splits", default=",".join(SPLITS), help=f"subset of {','.join(SPLITS)}")
+    p.add_argument("--sweep", default=None, metavar="KEY=V1,V2,...",
+                   help="run each of --rows once per value of one run-config key (a budget sweep; its own json)")
     p.add_argument("--backend", choices=BACKENDS, default="inprocess",
                    help="inprocess: fedapp.simulation.simulate_in_process (no Ray start-up); ray: fedapp.simulate")
     p.add_argument("--threads", type=int, default=available_cpus(),
@@ -218,21 +245,30 @@ def main(argv: list[str]) -> None:
         settings["image-size"] = a.image_size
     settings.update(parse_set(a.set))
     seeds = [int(x) for x in a.seeds.split(",") if x]
-    check_configs([config(n, e, s, a.clients, settings, a.runs) for s in SPLITS for n, e in ROWS], a.clients)
+    splits, names = a.splits.split(","), a.rows.split(",")
+    for key, given, allowed in (("splits", splits, SPLITS), ("rows", names, [n for n, _ in ROWS])):
+        bad = [v for v in given if v not in allowed]
+        if bad:
+            raise SystemExit(f"--{key}={','.join(bad)}: must be among {','.join(allowed)}")
+    rows = sweep_rows([(n, e) for n, e in ROWS if n in names], a.sweep)
+    check_configs([config(n, e, s, a.clients, settings, a.runs) for s in splits for n, e in rows], a.clients)
     stem = "dcfm" if a.dataset == "colored-digits" else f"dcfm_{a.dataset}"
+    if a.sweep:  # a sweep's rows are not the table's: their own json
+        stem += f"_sweep_{a.sweep.partition('=')[0]}"
     out = Path(a.out) / f"{stem}.json"
     done = json.loads(out.read_text()) if out.exists() else {}
     if done.get("settings") != settings or done.get("clients") != a.clients:
         done = {"settings": settings, "clients": a.clients, "rows": []}
     have = {(r["method"], r["split"], r.get("seed", 0)) for r in done["rows"]}
-    compute = {name: flow_compute(name, settings, a.clients) for name, _ in ROWS}
+    # rows an earlier invocation ran (other --rows or sweep values, same settings) keep their compute
+    compute = {**done.get("compute", {}), **{n: flow_compute(n, settings, a.clients, e) for n, e in rows}}
     from fedapp.simulation import ReplyCache
 
     for seed in seeds:
-        for split in SPLITS:
+        for split in splits:
             # kept on disk too (<runs>/reply-cache): a table cut between DCFM-A and DCFM-B trains Stage I once
             cache = ReplyCache(Path(a.runs) / "reply-cache") if a.backend == "inprocess" else None
-            for name, extra in ROWS:
+            for name, extra in rows:
                 if (name, split, seed) in have:
                     continue
                 done["rows"].append(run_one(name, extra, split, a.clients, settings, a.runs, a.backend, seed, cache))

@@ -421,6 +421,30 @@ def test_dcfm_rows_compute_verdict_per_split_and_paired_rows():
     assert cells["dcfm-a", "iid"]["verdict"]["converged"] and not cells["fedflow", "non-iid"]["verdict"]["converged"]
 
 
+def test_a_dcfm_sweep_runs_each_row_once_per_value_into_its_own_json_sharing_stage_one(tmp_path):
+    """--sweep KEY=V1,V2: rows "<row>@KEY=<value>" (the value typed as --set types it), their compute from
+    their own settings, written to <stem>_sweep_<key>.json; the second value reuses the first's Stage I."""
+    from experiments import dcfm
+
+    assert dcfm.sweep_rows([("dcfm-b", {"dcfm.variant": "b"})], "dcfm.distill-steps=5,10") == [
+        ("dcfm-b@dcfm.distill-steps=5", {"dcfm.variant": "b", "dcfm.distill-steps": 5}),
+        ("dcfm-b@dcfm.distill-steps=10", {"dcfm.variant": "b", "dcfm.distill-steps": 10})]
+    with pytest.raises(SystemExit, match=r"--sweep='dcfm.distill-steps': must be KEY=V1,V2"):
+        dcfm.sweep_rows([("dcfm-b", {})], "dcfm.distill-steps")
+    with pytest.raises(SystemExit, match="--rows=dcfm-c: must be among fedflow,ddm"):
+        dcfm.main(["--rows", "dcfm-c", "--quick"])
+    dcfm.main(["--quick", "--rows", "dcfm-b", "--splits", "non-iid", "--sweep", "dcfm.distill-steps=5,10",
+               "--threads", "1", "--out", str(tmp_path), "--runs", str(tmp_path / "runs")])
+    out = json.loads((tmp_path / "dcfm_sweep_dcfm.distill-steps.json").read_text())
+    assert [(r["method"], r["split"]) for r in out["rows"]] == [("dcfm-b@dcfm.distill-steps=5", "non-iid"),
+                                                                 ("dcfm-b@dcfm.distill-steps=10", "non-iid")]
+    assert [r["client_calls_reused"] for r in out["rows"]] == [0, 5]  # 5 clients' Stage I, trained once
+    c = out["compute"]
+    assert c["dcfm-b@dcfm.distill-steps=10"]["steps"] - c["dcfm-b@dcfm.distill-steps=5"]["steps"] == 5
+    assert [m["method"] for m in out["mean_over_seeds"]] == [r["method"] for r in out["rows"]]
+    assert not (tmp_path / "dcfm.json").exists()  # the table's json is not touched
+
+
 def test_dcfm_table_already_in_docs_still_prints():
     from experiments.dcfm import paired_rows, summarise, table
 
