@@ -42,7 +42,7 @@ def sweep_seed(a, seed: int, steps: list[int], progress=lambda points: None, par
     `state` (a TrainState): the run continues from its file where one is saved, keeping the readings of
     `partial` (the seed's checkpoints on disk) up to the step it continues from."""
     from experiments.pfdm import config, parser
-    from fedapp.models.classifier import accuracy
+    from fedapp.models.classifier import predict
     from fedapp.models.ddpm import build_ddpm, train_ddpm
     from fedapp.readers import server_reader
     from strategies.generation_eval import sample_model
@@ -61,15 +61,19 @@ def sweep_seed(a, seed: int, steps: list[int], progress=lambda points: None, par
 
     def read(step: int, m, loss: float) -> None:  # one checkpoint of the continuous run
         t_read = time.time()
-        by_w = {}
+        by_w, by_class = {}, {}
         for w in guidances(a):
             gen, gy = sample_model(m, a.samples, server.info.num_classes, a.sample_steps, seed + 1, w)
-            by_w[str(w)] = accuracy(reader.model, gen, gy)
+            hit = (predict(reader.model, gen) == gy).float()
+            by_w[str(w)] = float(hit.mean())
+            by_class[str(w)] = [float(hit[gy == c].mean()) for c in range(server.info.num_classes)]
         read_seconds.append(time.time() - t_read)
         best = max(by_w, key=by_w.get)
         t_train = t_before + time.time() - t_start - sum(read_seconds)
+        # per class at the best scale: whether the classes the pooled data has least of are what holds it back
         points.append({"steps": step, "sample_accuracy": by_w[best], "guidance": float(best),
-                       "sample_accuracy_by_guidance": by_w, "loss": loss, "train_seconds": round(t_train, 1)})
+                       "sample_accuracy_by_guidance": by_w, "sample_accuracy_by_class": by_class[best],
+                       "loss": loss, "train_seconds": round(t_train, 1)})
         shown = ", ".join(f"w={w}: {100 * v:.1f}%" for w, v in by_w.items())
         print(f"seed {seed} {step:6d} steps: samples read as requested {shown} (loss {loss:.4f}, "
               f"{t_train:.0f} s of training)", flush=True)
@@ -78,7 +82,8 @@ def sweep_seed(a, seed: int, steps: list[int], progress=lambda points: None, par
     read_seconds: list[float] = []
     train_ddpm(model, x, y, steps=steps[-1], batch=a.batch, lr=a.lr, seed=seed * 100_003 + steps[-1],
                p_uncond=a.p_uncond, ema=a.ema, checkpoints=steps, on_checkpoint=read, state=state)
-    return {"train_images": len(x), "reader_accuracy": reader.held_out_accuracy, "points": points,
+    return {"train_images": len(x), "train_class_counts": torch.bincount(y, minlength=server.info.num_classes).tolist(),
+            "reader_accuracy": reader.held_out_accuracy, "points": points,
             **({"resumed_from_step": done} if done else {})}
 
 

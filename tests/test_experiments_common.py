@@ -252,6 +252,11 @@ def test_pfdm_budget_sweep_trains_one_run_and_reads_each_checkpoint(tmp_path):
     for q in pts:  # each checkpoint read at both scales; the headline is the better one
         assert set(q["sample_accuracy_by_guidance"]) == {"1.0", "3.0"}
         assert q["sample_accuracy"] == max(q["sample_accuracy_by_guidance"].values())
+        # per class at that scale: 20 class-balanced samples of 10 classes, 2 each; their mean is the headline
+        assert len(q["sample_accuracy_by_class"]) == 10 and set(q["sample_accuracy_by_class"]) <= {0.0, 0.5, 1.0}
+        assert sum(q["sample_accuracy_by_class"]) / 10 == pytest.approx(q["sample_accuracy"])
+    counts = out["seeds"]["0"]["train_class_counts"]
+    assert len(counts) == 10 and sum(counts) == out["seeds"]["0"]["train_images"]
     assert pts[1]["train_seconds"] >= pts[0]["train_seconds"] > 0  # cumulative: three more steps
     assert 0 < out["seeds"]["0"]["reader_accuracy"] <= 1 and out["budget"]["steps"] is None  # 6 steps learn nothing
     assert out["verdict"]["converged"] is False and out["verdict"]["seeds"] == 1
