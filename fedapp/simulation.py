@@ -13,6 +13,7 @@ import copy
 import functools
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sys
@@ -21,6 +22,8 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from fedapp.config import all_defaults, normalize_keys, parse_run_config
+
+log = logging.getLogger("fedapp")
 
 
 def _keep_ray_on_loopback() -> None:
@@ -138,14 +141,10 @@ def _feed_records(h: Any, records: Mapping[str, Any], skip: frozenset = frozense
                     _feed(h, rec[k])
 
 
+@functools.lru_cache(maxsize=1)
 def client_code_digest() -> str:
     """16 hex digits over the source of every module a client's reply depends on (fedapp, clients, feddata):
     a disk-kept reply is only read back by the code that wrote it."""
-    return _code_digest()
-
-
-@functools.lru_cache(maxsize=1)
-def _code_digest() -> str:
     root = Path(__file__).resolve().parent.parent
     h = hashlib.sha256()
     for package in ("fedapp", "clients", "feddata"):
@@ -157,8 +156,6 @@ def _code_digest() -> str:
 def _write_reply(path: Path, content: Any, state: Any) -> None:
     """(reply content, node state) as two length-prefixed protobuf RecordDicts, written atomically; a write
     that fails is a warning (the cache saves time, never a run)."""
-    import logging
-
     from flwr.common.serde import recorddict_to_proto
 
     from fedapp.results import atomic_write_bytes
@@ -167,15 +164,13 @@ def _write_reply(path: Path, content: Any, state: Any) -> None:
     try:
         atomic_write_bytes(path, b"".join(len(b).to_bytes(8, "little") + b for b in blobs))
     except OSError as err:
-        logging.getLogger("fedapp").warning("reply cache %s not written (%s)", path, err)
+        log.warning("reply cache %s not written (%s)", path, err)
 
 
 def _read_reply(path: Path) -> tuple[Any, Any] | None:
     """What _write_reply wrote; None when the file is absent or does not parse (a warning then)."""
     if not path.is_file():
         return None
-    import logging
-
     from flwr.common.serde import recorddict_from_proto
     from flwr.proto.recorddict_pb2 import RecordDict as ProtoRecordDict
 
@@ -191,8 +186,7 @@ def _read_reply(path: Path) -> tuple[Any, Any] | None:
             raise ValueError("trailing bytes")
         return out[0], out[1]
     except Exception as err:  # noqa: BLE001 - any unreadable entry is a miss
-        logging.getLogger("fedapp").warning("reply cache %s unreadable (%s: %s); the client runs again",
-                                            path, type(err).__name__, err)
+        log.warning("reply cache %s unreadable (%s: %s); the client runs again", path, type(err).__name__, err)
         return None
 
 
