@@ -23,7 +23,8 @@ image grids read the synthetic set each run writes (espresso.save-synthetic: syn
 Resuming (--resume): seeds already in the JSON are skipped, and within a seed every row that finished
 before a stop is read back from <runs>/rows/ (its figures, named by a digest of the row's whole run config
 and the readers' settings), so a seed longer than a session loses at most the row it was running.
---reader-seed N trains the two readers once, with seed N, for every seed of the table (a fixed instrument,
+--reader-seed N trains the two readers once, with seed N, before the seeds start, for every seed of the
+table (a fixed instrument,
 as FID's Inception network is; at 28 px a reader trains on 17,000 images); without it each seed trains its
 own.
 """
@@ -402,6 +403,10 @@ def main(argv: list[str]) -> None:
     domains = list(info.attributes["domain"])
     t_all = time.time()
     todo = [s for s in a.seeds if str(s) not in per_seed]
+    if todo and a.fidelity and a.reader_seed is not None:  # the one pair of readers, trained here before
+        from fedapp.data import server_data                 # --jobs processes would each train it at once
+
+        fidelity_readers(server_data(cfg, a.clients), a.reader_seed, a.reader_epochs)
     for seed, res, images in seed_results(todo, a, overrides):
         per_seed[str(seed)] = res
         if images:

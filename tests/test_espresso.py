@@ -514,6 +514,8 @@ def test_a_stopped_ablation_seed_resumes_at_the_row_it_was_running_with_one_fixe
     trained, runs = [], []
     real_train, real_sim = R.train_classifier, sim.simulate_in_process
     monkeypatch.setattr(R, "train_classifier", lambda *a, **k: trained.append(k["seed"]) or real_train(*a, **k))
+    real_seeds = ab.seed_results  # where the seeds start (each in its own process under --jobs)
+    monkeypatch.setattr(ab, "seed_results", lambda *a, **k: trained.append("seeds") or real_seeds(*a, **k))
 
     def stop_at(name):
         def simulate(flat, *a, **k):
@@ -526,11 +528,12 @@ def test_a_stopped_ablation_seed_resumes_at_the_row_it_was_running_with_one_fixe
     monkeypatch.setattr(sim, "simulate_in_process", stop_at("c-g-s0"))
     with pytest.raises(KeyboardInterrupt):
         ab.main(argv(tmp_path / "cut", ["0"], tmp_path / "runs"))
-    assert runs == ["c-s0", "c-g-s0"] and trained == [7, 7]  # one class reader, one domain reader
+    # one class reader, one domain reader, both trained before the seeds start (before --jobs would spawn)
+    assert runs == ["c-s0", "c-g-s0"] and trained == [7, 7, "seeds"]
     monkeypatch.setattr(sim, "simulate_in_process", stop_at(None))
     runs.clear()
     ab.main(argv(tmp_path / "cut", ["0", "1"], tmp_path / "runs", "--resume"))
-    assert runs == ["c-g-s0", "c-s1", "c-g-s1"] and trained == [7, 7]  # seed 0's C read back; seed 1: no reader
+    assert runs == ["c-g-s0", "c-s1", "c-g-s1"] and trained == [7, 7, "seeds", "seeds"]  # no reader trained again
     cut = json.loads((tmp_path / "cut" / "espresso_ablation.json").read_text())
     assert cut["setting"]["reader_seed"] == 7
     assert cut["per_seed"]["0"]["readers"] == cut["per_seed"]["1"]["readers"]  # one instrument for every seed
