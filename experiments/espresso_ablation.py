@@ -24,9 +24,8 @@ Resuming (--resume): seeds already in the JSON are skipped, and within a seed ev
 before a stop is read back from <runs>/rows/ (its figures, named by a digest of the row's whole run config
 and the readers' settings), so a seed longer than a session loses at most the row it was running.
 --reader-seed N trains the two readers once, with seed N, before the seeds start, for every seed of the
-table (a fixed instrument,
-as FID's Inception network is; at 28 px a reader trains on 17,000 images); without it each seed trains its
-own.
+table (a fixed instrument, as FID's Inception network is; at 28 px a reader trains on 17,000 images);
+without it each seed trains its own.
 """
 
 from __future__ import annotations
