@@ -30,6 +30,16 @@ def quiet_logs() -> None:
         lg.setLevel(logging.WARNING)
 
 
+def subset_of(option: str, text: str, allowed: Iterable[str]) -> list[str]:
+    """The comma-separated values of `--option`, each of which must be among `allowed` (else one line that
+    names the option, the values not allowed and what is)."""
+    allowed, given = list(allowed), text.split(",")
+    bad = [v for v in given if v not in allowed]
+    if bad:
+        raise SystemExit(f"--{option}={','.join(bad)}: must be among {','.join(allowed)}")
+    return given
+
+
 def parse_set(items: list[str]) -> dict[str, Any]:
     """`key=value` run-config overrides; a value is read as JSON when it parses (numbers, true/false)."""
     out = {}

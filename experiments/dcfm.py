@@ -36,7 +36,7 @@ from typing import Any
 
 from experiments.common import (BACKENDS, all_converged, available_cpus, check_configs, check_cpu_budget,
                                 count_text, generative_verdict, kid_cell, over_seeds, paired_difference, paired_text,
-                                parse_set, prog, run, verdict_mark)
+                                parse_set, prog, run, subset_of, verdict_mark)
 from fedapp.results import atomic_write_json
 
 ROWS = [("fedflow", {}), ("ddm", {}), ("local-only-flow", {}),
@@ -246,11 +246,7 @@ def main(argv: list[str]) -> None:
         settings["image-size"] = a.image_size
     settings.update(parse_set(a.set))
     seeds = [int(x) for x in a.seeds.split(",") if x]
-    splits, names = a.splits.split(","), a.rows.split(",")
-    for key, given, allowed in (("splits", splits, SPLITS), ("rows", names, [n for n, _ in ROWS])):
-        bad = [v for v in given if v not in allowed]
-        if bad:
-            raise SystemExit(f"--{key}={','.join(bad)}: must be among {','.join(allowed)}")
+    splits, names = subset_of("splits", a.splits, SPLITS), subset_of("rows", a.rows, [n for n, _ in ROWS])
     rows = sweep_rows([(n, e) for n, e in ROWS if n in names], a.sweep)
     check_configs([config(n, e, s, a.clients, settings, a.runs) for s in splits for n, e in rows], a.clients)
     stem = "dcfm" if a.dataset == "colored-digits" else f"dcfm_{a.dataset}"

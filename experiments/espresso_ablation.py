@@ -110,7 +110,7 @@ def accuracies(summary: dict[str, Any]) -> dict[str, Any]:
             "num_train": m["num_train"] if m.get("oracle") else m["num_synthetic"]}
 
 
-def row_file(name: str, flat: dict[str, Any], args) -> Path:
+def row_file(flat: dict[str, Any], args) -> Path:
     """Where a finished row's figures wait for a resumed table: named by the row's whole run config and the
     readers' settings, so that a row measured under other settings is never read back."""
     from fedapp.models.cache import facts_digest
@@ -179,7 +179,7 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
         if name not in args.rows:
             continue
         flat = row_config(name, seed, args, overrides)
-        saved = row_file(name, flat, args)
+        saved = row_file(flat, args)
         if args.resume and saved.is_file():  # finished before a stop: its figures, not a second run
             row = json.loads(saved.read_text())
             results[name], seconds[name] = row["results"], row["seconds"]

@@ -39,7 +39,8 @@ import numpy as np
 
 from experiments.common import (BACKENDS, accuracy_curve, all_converged, check_configs, check_cpu_budget,
                                 classification_verdict, count_text, file_lock, merge_results, paired_difference,
-                                paired_text, parse_set, prog, quiet_logs, results_on_disk, run, verdict_mark)
+                                paired_text, parse_set, prog, quiet_logs, results_on_disk, run, subset_of,
+                                verdict_mark)
 from fedapp.results import atomic_write_json
 
 SPLITS = {
@@ -307,11 +308,7 @@ def main(argv: list[str]) -> None:
     if fdr.SHARE_TARGETS:
         load_shared_targets(shared_path)
     seeds = [int(s) for s in a.seeds.split(",")]
-    splits, methods = a.splits.split(","), a.methods.split(",")
-    for key, given, allowed in (("splits", splits, SPLITS), ("methods", methods, METHODS)):
-        bad = [v for v in given if v not in allowed]
-        if bad:
-            raise SystemExit(f"--{key}={','.join(bad)}: must be among {','.join(allowed)}")
+    splits, methods = subset_of("splits", a.splits, SPLITS), subset_of("methods", a.methods, METHODS)
     check_configs([cell_config(a, seeds[0], s, m) for s in splits for m in methods], a.clients)
     out = Path(a.out)
     stem = "feddifrc" if a.dataset == "digits" else f"feddifrc_{a.dataset}"

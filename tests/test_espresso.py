@@ -543,7 +543,7 @@ def test_a_stopped_ablation_seed_resumes_at_the_row_it_was_running_with_one_fixe
     flat = ab.row_config("C", 0, argparse.Namespace(clients=2, per_class=2, runs=str(tmp_path / "runs")), {})
     args = argparse.Namespace(runs=str(tmp_path / "runs"), fidelity=True, reader_epochs=1, reader_seed=7)
     for change in ({"reader_epochs": 2}, {"reader_seed": None}):
-        assert ab.row_file("C", flat, args) != ab.row_file("C", flat, argparse.Namespace(**{**vars(args), **change}))
+        assert ab.row_file(flat, args) != ab.row_file(flat, argparse.Namespace(**{**vars(args), **change}))
 
 
 def test_fidelity_counts_the_intended_class_and_the_clients_own_domain():
