@@ -43,7 +43,7 @@ from experiments.common import (check_configs, check_cpu_budget, config_errors_e
                                 parse_set, prog, quiet_logs)
 from fedapp.results import atomic_write_json
 
-ROWS = [  # name, method, switches (conditions, init, sampler); None: the oracle ceiling
+ROWS = [  # name, method, switches (conditions, init, sampler); None: trained on real data (ceiling, FedAvg)
     ("Prompts-only", "prompts", ("prompts", "gaussian", "ddim")),
     ("class-embed", "class-embed", ("class", "gaussian", "ddim")),
     ("C", "espresso", ("cluster", "gaussian", "ddim")),
@@ -51,6 +51,7 @@ ROWS = [  # name, method, switches (conditions, init, sampler); None: the oracle
     ("C+Z", "espresso", ("cluster", "gaussian", "zigzag")),
     ("C+G+Z", "espresso", ("cluster", "gmm", "zigzag")),
     ("Ceiling", "centralized", None),
+    ("FedAvg", "fedavg", None),  # the multi-round reference on the same clients: --fedavg-rounds rounds
 ]
 PANELS = ("Prompts-only", "C+G+Z")  # the synthetic columns of the image grids
 PAPER_DOMAINNET = {"Prompts-only": 64.00, "C": 73.46, "C+G": 73.72, "C+Z": 74.26, "C+G+Z": 75.32, "Ceiling": 80.16}
@@ -84,6 +85,8 @@ def row_config(name: str, seed: int, args, overrides: dict[str, Any]) -> dict[st
         flat.update(zip(("espresso.conditions", "espresso.init", "espresso.sampler"), switches))
     if method == "centralized":
         flat["server-epochs"] = ceiling_epochs(parsed(base_config(seed, args, overrides), args.clients))
+    elif method == "fedavg":
+        flat["num-server-rounds"] = args.fedavg_rounds
     else:
         flat["espresso.save-synthetic"] = True
     return flat
@@ -103,11 +106,13 @@ def synthetic_set(run_dir: str) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
 
 
 def accuracies(summary: dict[str, Any]) -> dict[str, Any]:
-    """The row's figures from summary.json: global test accuracy, per domain, their mean, the training set size."""
+    """The row's figures from summary.json: global test accuracy, per domain, their mean, the training set size
+    (synthetic rows: the synthetic set; the ceiling: the union of the real shards; FedAvg: None, it trains on
+    the clients)."""
     m = summary["metrics"]
     return {"accuracy": m["accuracy"], "domain_accuracy": m["domain_accuracy"],
             "mean_domain_accuracy": float(np.mean(list(m["domain_accuracy"].values()))),
-            "num_train": m["num_train"] if m.get("oracle") else m["num_synthetic"]}
+            "num_train": m["num_train"] if m.get("oracle") else m.get("num_synthetic")}
 
 
 def row_file(flat: dict[str, Any], args) -> Path:
@@ -194,11 +199,13 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
         results[name] = accuracies(summary)
         if method == "centralized":
             synth = {pid: (sh.train.x, sh.train.y) for pid, sh in enumerate(shards)}  # what it trained on: real data
+        elif method == "fedavg":
+            synth = {}  # no server-side training set to read: its clients train on their own shards
         elif readers is not None or (keep_images and name in PANELS):
             synth = synthetic_set(summary["run_dir"])
         else:
             synth = {}
-        if readers is not None:
+        if readers is not None and synth:
             pids = sorted(synth)
             real = (torch.cat([s.train.x for s in shards]), torch.cat([s.train.y for s in shards]))
             results[name].update(fidelity(readers, [synth[p] for p in pids], [domain_ids[p] for p in pids], real))
@@ -366,6 +373,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--per-class", type=int, default=16)
     p.add_argument("--rows", nargs="+", default=[n for n, _, _ in ROWS], choices=[n for n, _, _ in ROWS],
                    help="subset of rows")
+    p.add_argument("--fedavg-rounds", type=int, default=30,
+                   help="rounds of the FedAvg reference row (local epochs: the run config's local-epochs)")
     p.add_argument("--set", nargs="*", default=[], help="run-config overrides, e.g. espresso.steps=10 model=resnet18")
     p.add_argument("--out", default="docs/results", help="folder for the JSON and PNGs")
     p.add_argument("--runs", default="runs/espresso-ablation", help="folder of the runs' own folders")

@@ -467,12 +467,19 @@ def test_ablation_command_writes_every_row_table_and_figures(tmp_path, prior_dir
     # T_z = 300: the 3 DDIM steps are at t <= 666, so that the Z rows do zigzag
     sets = [f"{k}={v}" for k, v in {**FAST, "prior": str(prior_dir), "espresso.zigzag-t": 300}.items()]
     ab.main(["--seeds", "0", "1", "--clients", "2", "--per-class", "2", "--threads", "1", "--out", str(tmp_path),
-             "--runs", str(tmp_path / "runs"), "--fidelity", "--reader-epochs", "1", "--set", *sets])
+             "--runs", str(tmp_path / "runs"), "--fidelity", "--reader-epochs", "1", "--fedavg-rounds", "2",
+             "--set", *sets])
     out = json.loads((tmp_path / "espresso_ablation.json").read_text())
     rows = [n for n, _, _ in ab.ROWS]
     assert set(out["per_seed"]) == {"0", "1"} and list(out["summary"]) == rows
-    for res in out["per_seed"].values():
-        for name in rows:
+    for seed, res in out["per_seed"].items():
+        # the FedAvg reference: --fedavg-rounds rounds on the clients' shards, no server-side set to read
+        fedavg = res["results"].pop("FedAvg")
+        rounds = [json.loads(line)["round"] for line in (tmp_path / "runs" / f"fedavg-s{seed}" / "metrics.jsonl")
+                  .read_text().splitlines()]
+        assert rounds[-1] == 2 and fedavg["num_train"] is None and "class_fidelity" not in fedavg
+        assert fedavg["mean_domain_accuracy"] == pytest.approx(np.mean(list(fedavg["domain_accuracy"].values())))
+        for name in rows[:-1]:
             r = res["results"][name]
             assert r["mean_domain_accuracy"] == pytest.approx(np.mean(list(r["domain_accuracy"].values())))
             # ratio 1.0: each synthetic row has as many images as the clients' real data
@@ -487,10 +494,11 @@ def test_ablation_command_writes_every_row_table_and_figures(tmp_path, prior_dir
     assert out["table_markdown"].count("\n") == len(rows) + 1  # header, rule, one line per row
     assert (tmp_path / "espresso_ablation.png").stat().st_size > 0
     assert len(list(tmp_path.glob("espresso_synthetic_*.png"))) == 2  # one grid per client domain
-    assert out["fidelity_markdown"].count("\n") == len(rows) + 1
+    assert out["fidelity_markdown"].count("\n") == len(rows)  # every row but FedAvg's
     # the sampler is server-only: the Z rows reuse their client replies (train; evaluate carries their own classifier)
     reused = {n: sec["client_calls_reused"] for n, sec in out["per_seed"]["0"]["seconds"].items()}
     assert reused["C+Z"] == reused["C+G+Z"] == 2 and reused["C"] == reused["C+G"] == reused["Ceiling"] == 0
+    assert reused["FedAvg"] == 0
 
 
 def test_a_stopped_ablation_seed_resumes_at_the_row_it_was_running_with_one_fixed_reader(tmp_path, prior_dir,
