@@ -2,10 +2,11 @@
 for several (embed-steps, embed-lr, embed-batch) settings, and the client seconds each costs.
 
     python -m experiments espresso-conditions [--settings 100:0.01:32:minibatch 200:0.05:1 ...] \\
-        [--clients 0 3] [--set dataset=mnist-styles prior=tiny@photo ...]
+        [--clients 0 3] [--inits gaussian gmm] [--set dataset=mnist-styles prior=tiny@photo ...]
 
-For each setting, each listed client (its shard as the run builds it) computes its upload with
-N(0, I) noise (clients/espresso.py; `minibatch`: the learner before batching,
+For each setting and each --inits (gaussian: the C row's N(0, I) noise; gmm: the C+G row's noise drawn
+from the client's GMM of forward-diffused latents), each listed client (its shard as the run builds it)
+computes its upload (clients/espresso.py; `minibatch`: the learner before batching,
 learn_conditions_minibatch), the server synthesises 1x its data from those conditions with DDIM
 (strategies/espresso.py), and two SmallCNNs trained on real public images read each image's class and
 domain (experiments.espresso_ablation: fidelity_readers, fidelity). With --samplers it also reads
@@ -17,13 +18,14 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
+import itertools
 import time
 from pathlib import Path
 from typing import Any
 
 from experiments.common import check_cpu_budget, config_errors_exit, parse_set, prog, quiet_logs
 from fedapp.options import ConfigError
+from fedapp.results import atomic_write_json
 
 DEFAULT_SETTINGS = ["100:0.01:32:minibatch", "100:0.05:1", "200:0.05:1", "400:0.05:1"]
 SAMPLERS = {  # name -> Prior.sample keywords: the previous default, the new one, each without and with Z
@@ -48,13 +50,14 @@ def parse_setting(text: str) -> dict[str, Any]:
 
 
 def run_setting(setting: dict[str, Any], cfg, prior, shards: list, prompts: list[str], readers, domains: list[str],
-                seed: int) -> dict[str, Any]:
-    """Fidelity of the C row's images (1x, Gaussian noise, DDIM) from conditions learned with `setting`."""
+                seed: int, init: str = "gaussian") -> dict[str, Any]:
+    """Fidelity of the C row's images (1x, DDIM; init gmm: the C+G row's) from conditions learned with
+    `setting`."""
     from clients import espresso as client
     from experiments.espresso_ablation import fidelity
     from strategies import espresso as server
 
-    opts = dataclasses.replace(cfg.options, init="gaussian", sampler="ddim", ratio=1.0, embed_steps=setting["steps"],
+    opts = dataclasses.replace(cfg.options, init=init, sampler="ddim", ratio=1.0, embed_steps=setting["steps"],
                                embed_lr=setting["lr"], embed_batch=setting["batch"],
                                gamma1=server.P.guidance(cfg.options, cfg))
     learner = client.learn_conditions_minibatch if setting["learner"] == "minibatch" else client.learn_conditions
@@ -71,7 +74,7 @@ def run_setting(setting: dict[str, Any], cfg, prior, shards: list, prompts: list
     finally:
         client.learn_conditions = real
     out = fidelity(readers, synth, [domains.index(sh.meta["domain"]) for sh in shards])
-    return {**setting, **out, "client_seconds": seconds}
+    return {**setting, "init": init, **out, "client_seconds": seconds}
 
 
 def sampler_rows(prior, prompts: list[str], readers, n: int, guidance: float, seed: int,
@@ -98,6 +101,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--settings", nargs="+", default=DEFAULT_SETTINGS, help="steps:lr:batch[:batched|minibatch]")
     p.add_argument("--clients", type=int, nargs="+", default=[0, 3], help="partition ids (domain partitioner: "
                                                                           "0 photo, 3 quickdraw)")
+    p.add_argument("--inits", nargs="+", default=["gaussian"], choices=["gaussian", "gmm"],
+                   help="the synthesis noise each setting is read with: gaussian (the C row), gmm (C+G)")
     p.add_argument("--num-clients", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reader-epochs", type=int, default=20)
@@ -132,10 +137,10 @@ def main(argv: list[str]) -> None:
     prompts = class_prompts(cfg.dataset, srv.info.class_names)
     domains = list(srv.info.attributes["domain"])
     rows = []
-    for s in settings:
-        rows.append(run_setting(s, cfg, prior, shards, prompts, readers, domains, a.seed))
+    for s, init in itertools.product(settings, a.inits):
+        rows.append(run_setting(s, cfg, prior, shards, prompts, readers, domains, a.seed, init))
         r = rows[-1]
-        print(f"{r['steps']}:{r['lr']}:{r['batch']}:{r['learner']}  class {100 * r['class_fidelity']:.1f}%  "
+        print(f"{r['steps']}:{r['lr']}:{r['batch']}:{r['learner']} {init}  class {100 * r['class_fidelity']:.1f}%  "
               f"domain {100 * r['domain_fidelity']:.1f}%  client s {r['client_seconds']}", flush=True)
     samplers = {}
     if a.samplers:
@@ -146,8 +151,8 @@ def main(argv: list[str]) -> None:
             print(f"{name}: class {100 * r['class_fidelity']:.1f}%  domains read {r['domains_read']}", flush=True)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "espresso_conditions.json").write_text(json.dumps({
+    atomic_write_json(out / "espresso_conditions.json", {
         "setting": {"dataset": cfg.dataset, "prior": cfg.prior, "clients": [sh.meta.get("domain") for sh in shards],
                     "seed": a.seed, "reader_epochs": a.reader_epochs},
         "readers": {k: v for k, v in readers.items() if not isinstance(v, torch.nn.Module)}, "rows": rows,
-        "samplers": samplers}, indent=1))
+        "samplers": samplers})

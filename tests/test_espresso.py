@@ -575,7 +575,7 @@ def test_fidelity_counts_the_intended_class_and_the_clients_own_domain():
     assert got["domain_fidelity"] == pytest.approx(4 / 6)  # client 0 (domain 1): two of four; client 1: both
 
 
-def test_condition_diagnostic_runs_each_learner_and_refuses_a_bad_setting(prior, shard):
+def test_condition_diagnostic_runs_each_learner_and_refuses_a_bad_setting(prior, shard, monkeypatch):
     from experiments import espresso_conditions as ec
 
     class Reader(torch.nn.Module):  # reads every image as class 0, domain 0 (photo: the shard's domain)
@@ -588,12 +588,24 @@ def test_condition_diagnostic_runs_each_learner_and_refuses_a_bad_setting(prior,
 
     cfg = parse_run_config({"method": "espresso", **FAST})
     prompts = class_prompts(DATASET, shard.info.class_names)
-    for text in ("2:0.05:1", "2:0.01:4:minibatch"):
+    for text, init in (("2:0.05:1", "gaussian"), ("2:0.01:4:minibatch", "gaussian"), ("2:0.05:1", "gmm")):
         row = ec.run_setting(ec.parse_setting(text), cfg, prior, [shard], prompts,
                              {"class": Reader(), "domain": Reader()},
-                             ["photo", "sketch", "clipart", "quickdraw"], seed=0)
+                             ["photo", "sketch", "clipart", "quickdraw"], seed=0, init=init)
         assert row["domain_fidelity"] == 1.0 and row["class_fidelity"] == pytest.approx(1 / 10)  # 3 per class
-        assert len(row["client_seconds"]) == 1
+        assert len(row["client_seconds"]) == 1 and row["init"] == init
+    # the gmm row synthesises from the client's GMM: its upload carries one and the server is told to use it
+    import strategies.espresso as server
+
+    seen, real_synthesize = [], server.synthesize_client
+    monkeypatch.setattr(server, "synthesize_client",
+                        lambda prior_, up, opts, *a: seen.append((opts.init, "gmm_means" in up))
+                        or real_synthesize(prior_, up, opts, *a))
+    for init in ("gaussian", "gmm"):
+        ec.run_setting(ec.parse_setting("2:0.05:1"), cfg, prior, [shard], prompts,
+                       {"class": Reader(), "domain": Reader()}, ["photo", "sketch", "clipart", "quickdraw"],
+                       seed=0, init=init)
+    assert seen == [("gaussian", False), ("gmm", True)]
     assert client.learn_conditions.__name__ == "learn_conditions"  # the diagnostic put the learner back
     few = {k: {**v, "num_steps": v["num_steps"] // 5} for k, v in ec.SAMPLERS.items() if "trailing" in k}
     rows = ec.sampler_rows(prior, prompts, {"class": Reader(), "domain": Reader()}, 20, 3.0, 0, few)
