@@ -21,8 +21,9 @@ reuses C+G's. Accuracies come from each run's summary.json; the fidelity readers
 image grids read the synthetic set each run writes (espresso.save-synthetic: synthetic.safetensors).
 
 Resuming (--resume): seeds already in the JSON are skipped, and within a seed every row that finished
-before a stop is read back from <runs>/rows/ (its figures, named by a digest of the row's whole run config
-and the readers' settings), so a seed longer than a session loses at most the row it was running.
+before a stop is read back from <out>/rows/ (its figures, named by a digest of the row's whole run config
+but its out-dir, and the readers' settings; committed beside the table's JSON, so a seed longer than a
+session, or cut on one machine, continues on another and loses at most the row it was running).
 --reader-seed N trains the two readers once, with seed N, before the seeds start, for every seed of the
 table (a fixed instrument, as FID's Inception network is; at 28 px a reader trains on 17,000 images);
 without it each seed trains its own.
@@ -116,13 +117,14 @@ def accuracies(summary: dict[str, Any]) -> dict[str, Any]:
 
 
 def row_file(flat: dict[str, Any], args) -> Path:
-    """Where a finished row's figures wait for a resumed table: named by the row's whole run config and the
-    readers' settings, so that a row measured under other settings is never read back."""
+    """Where a finished row's figures wait for a resumed table (<out>/rows/, beside the table's JSON): named by
+    the row's whole run config and the readers' settings, so that a row measured under other settings is never
+    read back; the runs' folder (out-dir) is left out, as it moves nothing but where the run wrote."""
     from fedapp.models.cache import facts_digest
 
-    facts = {"config": flat, "fidelity": args.fidelity, "reader_epochs": args.reader_epochs,
-             "reader_seed": args.reader_seed}
-    return Path(args.runs) / "rows" / f"{flat['run-name']}-{facts_digest(facts)}.json"
+    facts = {"config": {k: v for k, v in flat.items() if k != "out-dir"}, "fidelity": args.fidelity,
+             "reader_epochs": args.reader_epochs, "reader_seed": args.reader_seed}
+    return Path(args.out) / "rows" / f"{flat['run-name']}-{facts_digest(facts)}.json"
 
 
 def reader_seed(seed: int, args) -> int:

@@ -503,7 +503,7 @@ def test_ablation_command_writes_every_row_table_and_figures(tmp_path, prior_dir
 
 def test_a_stopped_ablation_seed_resumes_at_the_row_it_was_running_with_one_fixed_reader(tmp_path, prior_dir,
                                                                                         monkeypatch):
-    """--resume reads the rows a stopped seed finished back from <runs>/rows/ (no second run) and runs the
+    """--resume reads the rows a stopped seed finished back from <out>/rows/ (no second run) and runs the
     rest; the table equals an uninterrupted one's. --reader-seed: every seed is read by the same readers,
     trained once; a row file of other reader settings is another file."""
     import argparse
@@ -540,7 +540,8 @@ def test_a_stopped_ablation_seed_resumes_at_the_row_it_was_running_with_one_fixe
     assert runs == ["c-s0", "c-g-s0"] and trained == [7, 7, "seeds"]
     monkeypatch.setattr(sim, "simulate_in_process", stop_at(None))
     runs.clear()
-    ab.main(argv(tmp_path / "cut", ["0", "1"], tmp_path / "runs", "--resume"))
+    # resumed elsewhere (another runs folder, as on a fresh machine): the finished rows wait in <out>/rows/
+    ab.main(argv(tmp_path / "cut", ["0", "1"], tmp_path / "runs-elsewhere", "--resume"))
     assert runs == ["c-g-s0", "c-s1", "c-g-s1"] and trained == [7, 7, "seeds", "seeds"]  # no reader trained again
     cut = json.loads((tmp_path / "cut" / "espresso_ablation.json").read_text())
     assert cut["setting"]["reader_seed"] == 7
@@ -549,9 +550,11 @@ def test_a_stopped_ablation_seed_resumes_at_the_row_it_was_running_with_one_fixe
     whole = json.loads((tmp_path / "whole" / "espresso_ablation.json").read_text())
     assert cut["per_seed"]["0"]["results"] == whole["per_seed"]["0"]["results"]
     flat = ab.row_config("C", 0, argparse.Namespace(clients=2, per_class=2, runs=str(tmp_path / "runs")), {})
-    args = argparse.Namespace(runs=str(tmp_path / "runs"), fidelity=True, reader_epochs=1, reader_seed=7)
+    args = argparse.Namespace(out=str(tmp_path / "cut"), fidelity=True, reader_epochs=1, reader_seed=7)
     for change in ({"reader_epochs": 2}, {"reader_seed": None}):
         assert ab.row_file(flat, args) != ab.row_file(flat, argparse.Namespace(**{**vars(args), **change}))
+    assert ab.row_file(flat, args) == ab.row_file({**flat, "out-dir": "elsewhere"}, args)
+    assert ab.row_file(flat, args) != ab.row_file({**flat, "espresso.steps": 9}, args)
 
 
 def test_fidelity_counts_the_intended_class_and_the_clients_own_domain():
