@@ -106,14 +106,14 @@ def synthetic_set(run_dir: str) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     return {int(pid): (t["x"][t["client"] == pid], t["y"][t["client"] == pid]) for pid in t["client"].unique()}
 
 
-def accuracies(summary: dict[str, Any]) -> dict[str, Any]:
+def accuracies(summary: dict[str, Any], method: str) -> dict[str, Any]:
     """The row's figures from summary.json: global test accuracy, per domain, their mean, the training set size
     (synthetic rows: the synthetic set; the ceiling: the union of the real shards; FedAvg: None, it trains on
     the clients)."""
     m = summary["metrics"]
+    num_train = None if method == "fedavg" else m["num_train"] if m.get("oracle") else m["num_synthetic"]
     return {"accuracy": m["accuracy"], "domain_accuracy": m["domain_accuracy"],
-            "mean_domain_accuracy": float(np.mean(list(m["domain_accuracy"].values()))),
-            "num_train": m["num_train"] if m.get("oracle") else m.get("num_synthetic")}
+            "mean_domain_accuracy": float(np.mean(list(m["domain_accuracy"].values()))), "num_train": num_train}
 
 
 def row_file(flat: dict[str, Any], args) -> Path:
@@ -198,7 +198,7 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
         t0 = time.time()
         hits, misses = cache.hits, cache.misses
         summary = simulate_in_process(flat, args.clients, reply_cache=cache)
-        results[name] = accuracies(summary)
+        results[name] = accuracies(summary, method)
         if method == "centralized":
             synth = {pid: (sh.train.x, sh.train.y) for pid, sh in enumerate(shards)}  # what it trained on: real data
         elif method == "fedavg":
