@@ -2,16 +2,16 @@
 for several (embed-steps, embed-lr, embed-batch) settings, and the client seconds each costs.
 
     python -m experiments espresso-conditions [--settings 100:0.01:32:minibatch 200:0.05:1 ...] \\
-        [--clients 0 3] [--inits gaussian gmm] [--set dataset=mnist-styles prior=tiny@photo ...]
+        [--clients 0 3] [--inits gaussian gmm] [--sampler ddim|zigzag] [--set dataset=mnist-styles prior=tiny@photo ...]
 
 For each setting and each --inits (gaussian: the C row's N(0, I) noise; gmm: the C+G row's noise drawn
 from the client's GMM of forward-diffused latents), each listed client (its shard as the run builds it)
 computes its upload (clients/espresso.py; `minibatch`: the learner before batching,
 learn_conditions_minibatch), the server synthesises 1x its data from those conditions with DDIM
-(strategies/espresso.py), and two SmallCNNs trained on real public images read each image's class and
-domain (experiments.espresso_ablation: fidelity_readers, fidelity). With --samplers it also reads
-class-prompted samples (no learned condition) of the previous and the new sampler (SAMPLERS), the
-same noise for each. Writes <out>/espresso_conditions.json.
+(--sampler zigzag: Z-sampling; strategies/espresso.py), and two SmallCNNs trained on real public images
+read each image's class and domain (experiments.espresso_ablation: fidelity_readers, fidelity). With
+--samplers it also reads class-prompted samples (no learned condition) of the previous and the new sampler
+(SAMPLERS), the same noise for each. Writes <out>/espresso_conditions.json.
 """
 
 from __future__ import annotations
@@ -49,15 +49,16 @@ def parse_setting(text: str) -> dict[str, Any]:
 
 
 def run_setting(setting: dict[str, Any], cfg, prior, shards: list, prompts: list[str], readers, domains: list[str],
-                seed: int, inits: tuple[str, ...] = ("gaussian",)) -> list[dict[str, Any]]:
-    """Fidelity of the images (1x, DDIM) from conditions learned with `setting`, one row per init: gaussian
-    the C row's, gmm the C+G row's. Each client learns its conditions once (they do not depend on the init:
-    the GMM is fitted after them) and the server synthesises from them with each init."""
+                seed: int, inits: tuple[str, ...] = ("gaussian",), sampler: str = "ddim") -> list[dict[str, Any]]:
+    """Fidelity of the images (1x, `sampler`: ddim, or zigzag for the Z rows) from conditions learned with
+    `setting`, one row per init: gaussian the C row's, gmm the C+G row's. Each client learns its conditions
+    once (they do not depend on the init: the GMM is fitted after them) and the server synthesises from them
+    with each init."""
     from clients import espresso as client
     from experiments.espresso_ablation import fidelity
     from strategies import espresso as server
 
-    opts = dataclasses.replace(cfg.options, init="gmm" if "gmm" in inits else "gaussian", sampler="ddim",
+    opts = dataclasses.replace(cfg.options, init="gmm" if "gmm" in inits else "gaussian", sampler=sampler,
                                ratio=1.0, embed_steps=setting["steps"], embed_lr=setting["lr"],
                                embed_batch=setting["batch"], gamma1=server.P.guidance(cfg.options, cfg))
     learner = client.learn_conditions_minibatch if setting["learner"] == "minibatch" else client.learn_conditions
@@ -77,8 +78,8 @@ def run_setting(setting: dict[str, Any], cfg, prior, shards: list, prompts: list
     finally:
         client.learn_conditions = real
     own = [domains.index(sh.meta["domain"]) for sh in shards]
-    return [{**setting, "init": init, **fidelity(readers, synth[init], own), "client_seconds": seconds}
-            for init in inits]
+    return [{**setting, "init": init, "sampler": sampler, **fidelity(readers, synth[init], own),
+             "client_seconds": seconds} for init in inits]
 
 
 def sampler_rows(prior, prompts: list[str], readers, n: int, guidance: float, seed: int,
@@ -107,6 +108,9 @@ def main(argv: list[str]) -> None:
                                                                           "0 photo, 3 quickdraw)")
     p.add_argument("--inits", nargs="+", default=["gaussian"], choices=["gaussian", "gmm"],
                    help="the synthesis noise each setting is read with: gaussian (the C row), gmm (C+G)")
+    p.add_argument("--sampler", default="ddim", choices=["ddim", "zigzag"],
+                   help="the sampler each setting's images are drawn with: ddim (C, C+G) or zigzag (the Z rows: "
+                        "Z-sampling at espresso.steps and espresso.zigzag-t)")
     p.add_argument("--num-clients", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reader-epochs", type=int, default=20)
@@ -142,9 +146,9 @@ def main(argv: list[str]) -> None:
     domains = list(srv.info.attributes["domain"])
     rows = []
     for s in settings:
-        for r in run_setting(s, cfg, prior, shards, prompts, readers, domains, a.seed, tuple(a.inits)):
+        for r in run_setting(s, cfg, prior, shards, prompts, readers, domains, a.seed, tuple(a.inits), a.sampler):
             rows.append(r)
-            print(f"{r['steps']}:{r['lr']}:{r['batch']}:{r['learner']} {r['init']}  "
+            print(f"{r['steps']}:{r['lr']}:{r['batch']}:{r['learner']} {r['init']} {r['sampler']}  "
                   f"class {100 * r['class_fidelity']:.1f}%  domain {100 * r['domain_fidelity']:.1f}%  "
                   f"client s {r['client_seconds']}", flush=True)
     samplers = {}

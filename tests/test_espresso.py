@@ -596,21 +596,21 @@ def test_condition_diagnostic_runs_each_learner_and_refuses_a_bad_setting(prior,
                                {"class": Reader(), "domain": Reader()},
                                ["photo", "sketch", "clipart", "quickdraw"], seed=0)
         assert row["domain_fidelity"] == 1.0 and row["class_fidelity"] == pytest.approx(1 / 10)  # 3 per class
-        assert len(row["client_seconds"]) == 1 and row["init"] == "gaussian"
+        assert len(row["client_seconds"]) == 1 and (row["init"], row["sampler"]) == ("gaussian", "ddim")
     # --inits gaussian gmm: one upload (with its GMM), synthesised from once per init, one row each
     import strategies.espresso as server
 
     seen, real_synthesize = [], server.synthesize_client
     monkeypatch.setattr(server, "synthesize_client",
-                        lambda prior_, up, opts, *a: seen.append((opts.init, "gmm_means" in up))
+                        lambda prior_, up, opts, *a: seen.append((opts.init, opts.sampler, "gmm_means" in up))
                         or real_synthesize(prior_, up, opts, *a))
     uploads, real_upload = [], client.espresso_upload
     monkeypatch.setattr(client, "espresso_upload", lambda *a, **k: uploads.append(1) or real_upload(*a, **k))
     rows = ec.run_setting(ec.parse_setting("2:0.05:1"), cfg, prior, [shard], prompts,
                           {"class": Reader(), "domain": Reader()}, ["photo", "sketch", "clipart", "quickdraw"],
-                          seed=0, inits=("gaussian", "gmm"))
-    assert [r["init"] for r in rows] == ["gaussian", "gmm"] and len(uploads) == 1
-    assert seen == [("gaussian", True), ("gmm", True)]
+                          seed=0, inits=("gaussian", "gmm"), sampler="zigzag")
+    assert [(r["init"], r["sampler"]) for r in rows] == [("gaussian", "zigzag"), ("gmm", "zigzag")]
+    assert len(uploads) == 1 and seen == [("gaussian", "zigzag", True), ("gmm", "zigzag", True)]
     assert client.learn_conditions.__name__ == "learn_conditions"  # the diagnostic put the learner back
     few = {k: {**v, "num_steps": v["num_steps"] // 5} for k, v in ec.SAMPLERS.items() if "trailing" in k}
     rows = ec.sampler_rows(prior, prompts, {"class": Reader(), "domain": Reader()}, 20, 3.0, 0, few)
