@@ -116,14 +116,32 @@ def accuracies(summary: dict[str, Any], method: str) -> dict[str, Any]:
             "mean_domain_accuracy": float(np.mean(list(m["domain_accuracy"].values()))), "num_train": num_train}
 
 
+def prior_build(flat: dict[str, Any]) -> str | None:
+    """The prior a row's figures depend on: for a built-in tiny prior its cache folder's name, whose key changes
+    with the build's recipe (the spec `tiny-sd@photo` names a new build when its VAE's images change); else the
+    spec; None for a row that runs no prior (the ceiling, FedAvg)."""
+    from fedapp import registry
+    from fedapp.config import all_defaults
+    from fedapp.models.prior.spec import resolve_prior
+
+    run = {**all_defaults(), **flat}
+    if not registry.METHODS[run["method"]].uses_prior:
+        return None
+    src = resolve_prior(run["prior"], run["dataset"])
+    return Path(src.location).name if src.kind == "tiny" else str(run["prior"])
+
+
 def row_file(flat: dict[str, Any], args) -> Path:
     """Where a finished row's figures wait for a resumed table (<out>/rows/, beside the table's JSON): named by
-    the row's whole run config and the readers' settings, so that a row measured under other settings is never
-    read back; the runs' folder (out-dir) is left out, as it moves nothing but where the run wrote."""
+    the row's whole run config, the prior build it ran and the readers' settings, so that a row measured under
+    other settings is never read back; the runs' folder (out-dir) is left out, as it moves nothing but where
+    the run wrote."""
     from fedapp.models.cache import facts_digest
 
     facts = {"config": {k: v for k, v in flat.items() if k != "out-dir"}, "fidelity": args.fidelity,
              "reader_epochs": args.reader_epochs, "reader_seed": args.reader_seed}
+    if (build := prior_build(flat)) is not None:  # rows without a prior keep the names they had
+        facts["prior_build"] = build
     return Path(args.out) / "rows" / f"{flat['run-name']}-{facts_digest(facts)}.json"
 
 

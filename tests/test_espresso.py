@@ -555,6 +555,15 @@ def test_a_stopped_ablation_seed_resumes_at_the_row_it_was_running_with_one_fixe
         assert ab.row_file(flat, args) != ab.row_file(flat, argparse.Namespace(**{**vars(args), **change}))
     assert ab.row_file(flat, args) == ab.row_file({**flat, "out-dir": "elsewhere"}, args)
     assert ab.row_file(flat, args) != ab.row_file({**flat, "espresso.steps": 9}, args)
+    # the same spec naming another build of the prior (e.g. tiny-sd@photo with its VAE on every domain): a new row
+    import fedapp.models.prior.tiny as tiny
+
+    ceiling = ab.row_config("Ceiling", 0, argparse.Namespace(clients=2, per_class=2, runs=str(tmp_path)), {})
+    before = {name: ab.row_file(f, args) for name, f in (("C", flat), ("Ceiling", ceiling))}
+    assert ab.prior_build(flat) == tiny.tiny_prior_path("digit-styles").name and ab.prior_build(ceiling) is None
+    real_path = tiny.tiny_prior_path
+    monkeypatch.setattr(tiny, "tiny_prior_path", lambda *a, **k: real_path(*a, **k).with_name("another-build"))
+    assert ab.row_file(flat, args) != before["C"] and ab.row_file(ceiling, args) == before["Ceiling"]
 
 
 def test_fidelity_counts_the_intended_class_and_the_clients_own_domain():

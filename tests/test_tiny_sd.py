@@ -195,3 +195,28 @@ def test_every_prior_method_runs_on_a_tiny_sd_build(built, tmp_path, method):
         assert m["num_synthetic"] == 2 * 20 and m["unet_evals_per_image"] > 0
     else:
         assert m["representation_cache_bytes_total"] > 0
+
+
+def test_a_domain_latent_prior_trains_its_vae_on_every_domain_and_its_unet_on_its_own(tmp_path, monkeypatch):
+    """tiny-sd@photo: the UNet sees photo only, the VAE every domain (as SD's VAE reconstructs any style);
+    vae_domains='same' is the other build, in its own folder."""
+    import fedapp.models.prior.tiny.train as train
+
+    every, photo = bars(40), bars(20, seed=1)
+    monkeypatch.setattr(train, "public_data", lambda dataset, size, seed, domains=None: photo if domains else every)
+    seen = {}
+    real_vae, real_unet = train.train_vae, train.train_tiny_prior
+    monkeypatch.setattr(train, "train_vae", lambda x, *a: seen.__setitem__("vae", x) or real_vae(x, *a))
+    monkeypatch.setattr(train, "train_tiny_prior", lambda z, *a: seen.__setitem__("unet", z) or real_unet(z, *a))
+    kw = {"steps": 2, "cache_dir": tmp_path, "progress": False, "config": TEST_CONFIG, "domains": ("photo",),
+          "vae": TEST_VAE_CONFIG}
+    folder = build_tiny_prior("digit-styles", 32, **kw)
+    assert torch.equal(seen["vae"], every[0]) and len(seen["unet"]) == 20  # UNet on photo's latents only
+    meta = json.loads((folder / "prior_meta.json").read_text())
+    assert meta["vae_domains"] == "all" and meta["vae_num_images"] == 40 and meta["domains"] == ["photo"]
+    same = build_tiny_prior("digit-styles", 32, **kw, vae_domains="same")
+    assert same != folder and torch.equal(seen["vae"], photo[0])
+    assert json.loads((same / "prior_meta.json").read_text())["vae_num_images"] == 20
+    with pytest.raises(ValueError, match="vae_domains='some': allowed all, same"):
+        tiny_prior_path("digit-styles", 32, cache_dir=tmp_path, domains=("photo",), vae=TEST_VAE_CONFIG,
+                        vae_domains="some")

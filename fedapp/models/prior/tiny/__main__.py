@@ -74,6 +74,9 @@ def main(argv: list[str] | None = None) -> None:
                    help="override TinyPriorConfig fields (tuning), e.g. --set lr=3e-3 batch_size=128")
     p.add_argument("--latent", action="store_true",
                    help="tiny-sd: an AutoencoderKL, then the UNet on its 8x8x4 latents of 32 px images")
+    p.add_argument("--vae-domains", default="all", choices=["all", "same"],
+                   help="with --latent --domains: the VAE's images, every domain's (default: SD's VAE reconstructs "
+                        "any style) or only --domains'")
     p.add_argument("--vae-set", nargs="*", default=[], metavar="KEY=VALUE",
                    help="with --latent: override TinyVaeConfig fields, e.g. --vae-set steps=3000")
     p.add_argument("--package", action="store_true",
@@ -96,7 +99,8 @@ def main(argv: list[str] | None = None) -> None:
             domains = tiny_domains(a.dataset, a.domains)
         except ValueError as err:
             p.error(f"--domains {err}")
-    folder = build_tiny_prior(a.dataset, size, a.steps, a.seed, a.cache_dir, config=config, domains=domains, vae=vae)
+    folder = build_tiny_prior(a.dataset, size, a.steps, a.seed, a.cache_dir, config=config, domains=domains, vae=vae,
+                              vae_domains=a.vae_domains)
     build_seconds = time.time() - t0
     print(f"prior: {folder} ({build_seconds:.0f} s this call)")
     if a.no_eval:

@@ -31,14 +31,28 @@ def cache_root(cache_dir: str | Path | None = None) -> Path:
 
 
 def _key(dataset: str, image_size: int, steps: int, seed: int, config: TinyPriorConfig, data_hash: str = "",
-         domains: tuple[str, ...] | None = None, vae: TinyVaeConfig | None = None) -> str:
+         domains: tuple[str, ...] | None = None, vae: TinyVaeConfig | None = None, vae_domains: str = "all") -> str:
     facts = {"config": asdict(config), "dataset": dataset, "image_size": image_size, "steps": steps, "seed": seed,
              "code": CODE_VERSION, "data": data_hash}
     if domains is not None:  # only then: a prior of all domains keeps the key (and folder) it always had
         facts["domains"] = sorted(domains)
     if vae is not None:  # tiny-sd; pixel priors keep their keys
         facts["vae"] = asdict(vae)
+        if domains is not None:  # which images its autoencoder saw (the UNet: `domains`)
+            facts["vae_domains"] = check_vae_domains(vae_domains)
     return facts_digest(facts)
+
+
+VAE_DOMAINS = ("all", "same")
+
+
+def check_vae_domains(value: str) -> str:
+    """`all`: a latent prior of some domains still has an autoencoder of every domain's public images, as
+    Stable Diffusion's VAE reconstructs any style and only its text-to-image UNet lacks a style's prompt;
+    `same`: the VAE too sees only `domains` (measured: it cannot then reconstruct the others, docs/espresso.md)."""
+    if value not in VAE_DOMAINS:
+        raise ValueError(f"vae_domains={value!r}: allowed {', '.join(VAE_DOMAINS)}")
+    return value
 
 
 def hash_data(x: torch.Tensor, y: torch.Tensor, class_names: list[str]) -> str:
@@ -51,13 +65,13 @@ def hash_data(x: torch.Tensor, y: torch.Tensor, class_names: list[str]) -> str:
 def tiny_prior_path(dataset: str, image_size: int = DEFAULT_IMAGE_SIZE, steps: int = DEFAULT_STEPS, seed: int = 0,
                     cache_dir: str | Path | None = None, config: TinyPriorConfig | None = None,
                     data_hash: str = "", domains: tuple[str, ...] | None = None,
-                    vae: TinyVaeConfig | None = None) -> Path:
+                    vae: TinyVaeConfig | None = None, vae_domains: str = "all") -> Path:
     """The cache folder `<root>/<dataset>-<hash>` of that build (it may not exist yet); a prior trained
     on some domains only is `<root>/<dataset>@<domain>+...-<hash>`; a latent one (tiny-sd, with `vae`)
-    `<root>/<dataset>[@...]-sd-<hash>`."""
+    `<root>/<dataset>[@...]-sd-<hash>`, its key saying which images its VAE saw (`vae_domains`)."""
     config = config or TinyPriorConfig()
     name = dataset + (f"@{'+'.join(sorted(domains))}" if domains is not None else "") + ("-sd" if vae else "")
-    key = _key(dataset, image_size, steps, seed, config, data_hash, domains, vae)
+    key = _key(dataset, image_size, steps, seed, config, data_hash, domains, vae, vae_domains)
     return cache_root(cache_dir) / f"{name}-{key}"
 
 

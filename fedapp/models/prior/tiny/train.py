@@ -140,18 +140,20 @@ def train_tiny_prior(x: torch.Tensor, y: torch.Tensor, prompts: list[str], confi
 def build_tiny_prior(dataset: str, image_size: int = DEFAULT_IMAGE_SIZE, steps: int = DEFAULT_STEPS, seed: int = 0,
                      cache_dir: str | Path | None = None, progress: bool = True, *,
                      config: TinyPriorConfig | None = None, data=None, domains: tuple[str, ...] | None = None,
-                     vae: TinyVaeConfig | None = None) -> Path:
+                     vae: TinyVaeConfig | None = None, vae_domains: str = "all") -> Path:
     """Train (or find cached) the tiny prior of `dataset`; returns its folder.
 
     data: optional (x, y, class_names) replacing feddata's public split (tests); it then enters the
     cache key through a hash of its contents. domains: train on the public images of these domains
     only (their own cache key). vae: tiny-sd, a latent prior: an AutoencoderKL is trained first (vae.py)
     and the UNet (config default LATENT_CONFIG) on its scaled posterior means; saved with vae/ as SD is.
-    The folder appears whole or not at all (cache.publish).
+    vae_domains (with domains and vae): `all` trains the VAE on every domain's public images, `same` on
+    `domains` only (cache.check_vae_domains says why `all` is the default). The folder appears whole or not
+    at all (cache.publish).
     """
     config = config or (LATENT_CONFIG if vae is not None else TinyPriorConfig())
     folder = tiny_prior_path(dataset, image_size, steps, seed, cache_dir, config,
-                             hash_data(*data) if data is not None else "", domains, vae)
+                             hash_data(*data) if data is not None else "", domains, vae, vae_domains)
     if (folder / "prior_meta.json").is_file():
         return folder
     x, y, class_names = data if data is not None else public_data(dataset, image_size, seed, domains)
@@ -159,7 +161,12 @@ def build_tiny_prior(dataset: str, image_size: int = DEFAULT_IMAGE_SIZE, steps: 
     if x.shape[-1] != image_size:
         raise ValueError(f"image_size={image_size}: data has {tuple(x.shape[-2:])} images")
     prompts = class_prompts(dataset, class_names)
-    autoencoder, vae_facts = train_vae(x, vae, seed, progress) if vae is not None else (None, {})
+    autoencoder, vae_facts = None, {}
+    if vae is not None:
+        all_domains = data is None and domains is not None and vae_domains == "all"
+        x_vae = public_data(dataset, image_size, seed)[0].float() if all_domains else x
+        autoencoder, vae_facts = train_vae(x_vae, vae, seed, progress)
+        vae_facts["vae_num_images"] = len(x_vae)
     z = x if autoencoder is None else encode_means(autoencoder, x) * autoencoder.config.scaling_factor
     tokenizer, text_encoder, unet, scheduler, facts = train_tiny_prior(z, y, prompts, config, steps, seed, progress)
     if autoencoder is not None:
@@ -167,6 +174,7 @@ def build_tiny_prior(dataset: str, image_size: int = DEFAULT_IMAGE_SIZE, steps: 
         # StableDiffusionPipeline rewrites a 0 to), so that both samplers step through the same timesteps
         scheduler.register_to_config(clip_sample=False, steps_offset=1)
     meta = {"dataset": dataset, "domains": sorted(domains) if domains is not None else "all",
+            **({"vae_domains": vae_domains if domains is not None else "all"} if vae is not None else {}),
             "image_size": image_size, "seed": seed, "class_names": class_names,
             "prompts": prompts, "config": asdict(config), "code_version": CODE_VERSION, **facts,
             **({"latent": True, "vae_config": asdict(vae), **vae_facts} if vae is not None else {})}
