@@ -626,3 +626,45 @@ def test_condition_diagnostic_runs_each_learner_and_refuses_a_bad_setting(prior,
     assert all(r["class_fidelity"] == pytest.approx(0.1) and r["domains_read"] == [20, 0, 0, 0] for r in rows.values())
     with pytest.raises(ConfigError, match="--settings '200:0.05': must be steps:lr:batch"):
         ec.parse_setting("200:0.05")
+
+
+def test_vae_round_trip_reads_which_styles_a_latent_prior_can_carry():
+    """A VAE that returns every image in photo's style: its photo images come back as photo, the others are
+    read as photo too (own domain 0); an exact VAE keeps every domain."""
+    from experiments.vae_round_trip import round_trip
+
+    names = ["photo", "sketch", "clipart", "quickdraw"]
+    domain, y = torch.tensor([0, 0, 1, 1, 2, 2, 3, 3]), torch.tensor([1, 2, 3, 4, 5, 6, 7, 8])
+    x = torch.zeros(8, 3, 2, 2)
+    x[:, 0, 0, 0], x[:, 1, 0, 0] = domain / 4, y / 10  # the readers below read these two pixels
+
+    class Reader(torch.nn.Module):
+        def __init__(self, channel, scale, classes):
+            super().__init__()
+            self.channel, self.scale, self.classes = channel, scale, classes
+            self.unused = torch.nn.Parameter(torch.zeros(1))
+
+        def forward(self, x):
+            return torch.nn.functional.one_hot((x[:, self.channel, 0, 0] * self.scale).round().long(),
+                                               self.classes).float()
+
+    class Vae:
+        def __init__(self, photo_only):
+            self.photo_only = photo_only
+
+        def encode_images(self, x):
+            return x.clone()
+
+        def decode_latents(self, z):
+            if self.photo_only:
+                z[:, 0] = 0.0  # every style decoded as photo's
+            return z
+
+    readers = {"class": Reader(1, 10, 10), "domain": Reader(0, 4, 4)}
+    exact = round_trip(Vae(False), readers, x, y, domain, names)
+    assert all(r["own_domain"] == 1.0 and r["class_accuracy"] == 1.0 and r["mse"] == 0.0 for r in exact.values())
+    photo = round_trip(Vae(True), readers, x, y, domain, names)
+    assert photo["photo"]["own_domain"] == 1.0 and photo["photo"]["mse"] == 0.0
+    assert [photo[n]["own_domain"] for n in names[1:]] == [0.0, 0.0, 0.0]
+    assert photo["quickdraw"]["domains_read"] == {"photo": 2, "sketch": 0, "clipart": 0, "quickdraw": 0}
+    assert photo["sketch"]["class_accuracy"] == 1.0 and photo["sketch"]["mse"] > 0

@@ -1,0 +1,94 @@
+"""Can a latent prior's autoencoder carry every client style? D(E(x)) of held-out real test images, per
+domain, read by the Espresso ablation's class and domain readers (trained on real images outside the test
+split; experiments.espresso_ablation.fidelity_readers).
+
+    python -m experiments vae-round-trip --priors tiny-sd@photo <folder> ... [--set dataset=mnist-styles]
+
+A style that comes back read as another domain cannot be drawn by that prior, whatever its conditions or
+initial noise: the measurement behind `vae_domains` (fedapp/models/prior/tiny/cache.py). Writes
+<out>/vae_round_trip.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from experiments.common import check_cpu_budget, config_errors_exit, parse_set, prog, quiet_logs
+from fedapp.results import atomic_write_json
+
+
+def round_trip(prior, readers: dict[str, Any], x: torch.Tensor, y: torch.Tensor, domain: torch.Tensor,
+               names: list[str]) -> dict[str, dict[str, Any]]:
+    """Per domain: how the domain reader reads the round trip (counts per domain), the class reader's accuracy
+    on it and on the originals, and the round trip's mean squared error."""
+    from fedapp.models.classifier import predict
+
+    out = {}
+    for d, name in enumerate(names):
+        xd, yd = x[domain == d], y[domain == d]
+        with torch.no_grad():
+            rec = prior.decode_latents(prior.encode_images(xd)).float().clamp(-1, 1)
+        out[name] = {"images": len(xd),
+                     "domains_read": dict(zip(names, torch.bincount(predict(readers["domain"], rec),
+                                                                    minlength=len(names)).tolist())),
+                     "own_domain": float((predict(readers["domain"], rec) == d).float().mean()),
+                     "class_accuracy": float((predict(readers["class"], rec) == yd).float().mean()),
+                     "original_class_accuracy": float((predict(readers["class"], xd) == yd).float().mean()),
+                     "mse": float((rec - xd).pow(2).mean())}
+    return out
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog("vae-round-trip"), description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--priors", nargs="+", default=["tiny-sd@photo"],
+                   help="latent prior specs or SD-layout folders (each must have a VAE)")
+    p.add_argument("--set", nargs="*", default=["dataset=mnist-styles"], help="run-config overrides (the dataset)")
+    p.add_argument("--per-domain", type=int, default=300, help="held-out test images per domain")
+    p.add_argument("--reader-seed", type=int, default=0)
+    p.add_argument("--reader-epochs", type=int, default=15)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", default="docs/results", help="folder for vae_round_trip.json")
+    return p
+
+
+def main(argv: list[str]) -> None:
+    a = parser().parse_args(argv)
+    check_cpu_budget(1, a.threads)
+    with config_errors_exit():
+        from experiments.espresso_ablation import base_config, parsed
+
+        args = argparse.Namespace(per_class=16, clients=4, runs="runs/vae-round-trip")
+        cfg = parsed(base_config(a.reader_seed, args, parse_set(a.set)), args.clients)
+    from experiments.espresso_ablation import fidelity_readers
+    from fedapp.data import server_data
+    from fedapp.models.prior import load_or_build_prior
+
+    torch.set_num_threads(a.threads)
+    quiet_logs()
+    srv = server_data(cfg, args.clients)
+    readers = fidelity_readers(srv, a.reader_seed, a.reader_epochs)
+    names = list(srv.info.attributes["domain"])
+    dom = srv.test.attrs["domain"]
+    keep = torch.cat([torch.nonzero(dom == d).flatten()[:a.per_domain] for d in range(len(names))])
+    results = {}
+    for spec in a.priors:
+        prior = load_or_build_prior(spec, cfg.dataset)
+        if prior.vae is None:
+            raise SystemExit(f"--priors {spec!r}: a pixel prior has no VAE to round-trip; allowed: latent priors")
+        results[spec] = round_trip(prior, readers, srv.test.x[keep], srv.test.y[keep], dom[keep], names)
+        for name, r in results[spec].items():
+            print(f"{spec} {name:9s} own domain {100 * r['own_domain']:5.1f}%  class {100 * r['class_accuracy']:5.1f}% "
+                  f"(originals {100 * r['original_class_accuracy']:.1f}%)  mse {r['mse']:.4f}  {r['domains_read']}",
+                  flush=True)
+    out = Path(a.out)
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / "vae_round_trip.json", {
+        "setting": {"dataset": cfg.dataset, "per_domain": a.per_domain, "reader_seed": a.reader_seed,
+                    "reader_epochs": a.reader_epochs},
+        "readers": {k: v for k, v in readers.items() if not isinstance(v, torch.nn.Module)},
+        "priors": results})
