@@ -63,7 +63,8 @@ def main(argv: list[str]) -> None:
         from experiments.espresso_ablation import base_config, parsed
 
         args = argparse.Namespace(per_class=16, clients=4, runs="runs/vae-round-trip")
-        cfg = parsed(base_config(a.reader_seed, args, parse_set(a.set)), args.clients)
+        # the first prior decides the image size (and so the readers' and test images'), as in a run
+        cfg = parsed(base_config(a.reader_seed, args, {"prior": a.priors[0], **parse_set(a.set)}), args.clients)
     from experiments.espresso_ablation import fidelity_readers
     from fedapp.data import server_data
     from fedapp.models.prior import load_or_build_prior
@@ -78,8 +79,9 @@ def main(argv: list[str]) -> None:
     results = {}
     for spec in a.priors:
         prior = load_or_build_prior(spec, cfg.dataset)
-        if prior.vae is None:
-            raise SystemExit(f"--priors {spec!r}: a pixel prior has no VAE to round-trip; allowed: latent priors")
+        if prior.vae is None or prior.image_size != cfg.image_size:
+            raise SystemExit(f"--priors {spec!r}: allowed latent priors (with a VAE) of {cfg.image_size} px images, "
+                             f"the first prior's size; this one: {prior.image_size} px, VAE {prior.vae is not None}")
         results[spec] = round_trip(prior, readers, srv.test.x[keep], srv.test.y[keep], dom[keep], names)
         for name, r in results[spec].items():
             print(f"{spec} {name:9s} own domain {100 * r['own_domain']:5.1f}%  class {100 * r['class_accuracy']:5.1f}% "
