@@ -32,10 +32,10 @@ def round_trip(prior, readers: dict[str, Any], x: torch.Tensor, y: torch.Tensor,
         xd, yd = x[domain == d], y[domain == d]
         with torch.no_grad():
             rec = prior.decode_latents(prior.encode_images(xd)).float().clamp(-1, 1)
+        read = predict(readers["domain"], rec)
         out[name] = {"images": len(xd),
-                     "domains_read": dict(zip(names, torch.bincount(predict(readers["domain"], rec),
-                                                                    minlength=len(names)).tolist())),
-                     "own_domain": float((predict(readers["domain"], rec) == d).float().mean()),
+                     "domains_read": dict(zip(names, torch.bincount(read, minlength=len(names)).tolist())),
+                     "own_domain": float((read == d).float().mean()),
                      "class_accuracy": float((predict(readers["class"], rec) == yd).float().mean()),
                      "original_class_accuracy": float((predict(readers["class"], xd) == yd).float().mean()),
                      "mse": float((rec - xd).pow(2).mean())}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .cache import write_json
+from .cache import VAE_DOMAINS, write_json
 from .config import DEFAULT_DATASET, DEFAULT_STEPS, LATENT_CONFIG, LATENT_IMAGE_SIZE, TinyPriorConfig, TinyVaeConfig
 from .evaluate import evaluate_tiny_prior
 from .train import build_tiny_prior
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> None:
                    help="override TinyPriorConfig fields (tuning), e.g. --set lr=3e-3 batch_size=128")
     p.add_argument("--latent", action="store_true",
                    help="tiny-sd: an AutoencoderKL, then the UNet on its 8x8x4 latents of 32 px images")
-    p.add_argument("--vae-domains", default="all", choices=["all", "same"],
+    p.add_argument("--vae-domains", default="all", choices=VAE_DOMAINS,
                    help="with --latent --domains: the VAE's images, every domain's (default: SD's VAE reconstructs "
                         "any style) or only --domains'")
     p.add_argument("--vae-set", nargs="*", default=[], metavar="KEY=VALUE",
