@@ -72,6 +72,15 @@ def parsed(flat: dict[str, Any], clients: int):
     return parse_run_config(resolve_run_config(flat, clients)[0])
 
 
+def diagnostic_config(seed: int, clients: int, overrides: dict[str, Any], runs: str):
+    """The parsed config of a diagnostic that reads Espresso images outside a table run (vae-round-trip,
+    espresso-conditions): the table's partition (16 images a class per client) and settings, so its readers
+    and test images are the table's."""
+    import argparse
+
+    return parsed(base_config(seed, argparse.Namespace(per_class=16, clients=clients, runs=runs), overrides), clients)
+
+
 def ceiling_epochs(cfg) -> int:
     """server-epochs x ratio: the ceiling sees as many minibatches as a synthetic row (|D'| = ratio |D|)."""
     return max(1, round(cfg.server_epochs * cfg.options.ratio))
@@ -296,8 +305,9 @@ def table(per_seed: dict[str, dict], domains: list[str]) -> tuple[str, dict]:
     return "\n".join(lines), summary
 
 
-# The paper's steps (Espresso, DomainNet: prompts 64.0 -> C 73.5 -> C+G+Z 75.3), as same-seed differences
-STEPS = (("C", "Prompts-only"), ("C+G", "C"), ("C+G+Z", "C+G"), ("C+G+Z", "class-embed"))
+# The paper's steps (Espresso, DomainNet: prompts 64.0 -> C 73.5 -> C+G+Z 75.3), as same-seed differences;
+# the last is the whole method against plain prompts, the pair a `--rows Prompts-only C+G+Z` run measures
+STEPS = (("C", "Prompts-only"), ("C+G", "C"), ("C+G+Z", "C+G"), ("C+G+Z", "class-embed"), ("C+G+Z", "Prompts-only"))
 
 
 def paired_steps(per_seed: dict[str, dict]) -> dict[str, dict]:

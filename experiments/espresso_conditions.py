@@ -125,10 +125,9 @@ def main(argv: list[str]) -> None:
         settings = [parse_setting(s) for s in a.settings]
         if not all(0 <= k < a.num_clients for k in a.clients):
             raise ConfigError(f"--clients {a.clients}: partition ids must be in [0, {a.num_clients})")
-        from experiments.espresso_ablation import base_config, parsed
+        from experiments.espresso_ablation import diagnostic_config
 
-        args = argparse.Namespace(per_class=16, clients=a.num_clients, runs="runs/espresso-conditions")
-        cfg = parsed(base_config(a.seed, args, parse_set(a.set)), a.num_clients)
+        cfg = diagnostic_config(a.seed, a.num_clients, parse_set(a.set), "runs/espresso-conditions")
     import torch
 
     from experiments.espresso_ablation import fidelity_readers

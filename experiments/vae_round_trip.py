@@ -20,6 +20,8 @@ import torch
 from experiments.common import check_cpu_budget, config_errors_exit, parse_set, prog, quiet_logs
 from fedapp.results import atomic_write_json
 
+CLIENTS = 4  # the table's domain partition: one client per style
+
 
 def round_trip(prior, readers: dict[str, Any], x: torch.Tensor, y: torch.Tensor, domain: torch.Tensor,
                names: list[str]) -> dict[str, dict[str, Any]]:
@@ -60,18 +62,18 @@ def main(argv: list[str]) -> None:
     a = parser().parse_args(argv)
     check_cpu_budget(1, a.threads)
     with config_errors_exit():
-        from experiments.espresso_ablation import base_config, parsed
+        from experiments.espresso_ablation import diagnostic_config
 
-        args = argparse.Namespace(per_class=16, clients=4, runs="runs/vae-round-trip")
         # the first prior decides the image size (and so the readers' and test images'), as in a run
-        cfg = parsed(base_config(a.reader_seed, args, {"prior": a.priors[0], **parse_set(a.set)}), args.clients)
+        cfg = diagnostic_config(a.reader_seed, CLIENTS, {"prior": a.priors[0], **parse_set(a.set)},
+                                "runs/vae-round-trip")
     from experiments.espresso_ablation import fidelity_readers
     from fedapp.data import server_data
     from fedapp.models.prior import load_or_build_prior
 
     torch.set_num_threads(a.threads)
     quiet_logs()
-    srv = server_data(cfg, args.clients)
+    srv = server_data(cfg, CLIENTS)
     readers = fidelity_readers(srv, a.reader_seed, a.reader_epochs)
     names = list(srv.info.attributes["domain"])
     dom = srv.test.attrs["domain"]

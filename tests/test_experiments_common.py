@@ -482,6 +482,7 @@ def test_espresso_ablation_pairs_the_papers_steps_on_shared_seeds():
     assert p["C - Prompts-only"]["mean"] == pytest.approx((2 - 1 + 1) / 3)
     assert p["C+G - C"]["n"] == 2 and p["C+G - C"]["mean"] == pytest.approx(3.5) and p["C+G - C"]["favour"] == 2
     assert p["C+G+Z - C+G"]["mean"] == pytest.approx(0.0) and p["C+G+Z - class-embed"]["favour"] == 2
+    assert p["C+G+Z - Prompts-only"]["per_seed"] == pytest.approx({"0": 4.0, "1": 4.0})
 
 
 def test_a_sweep_keeps_a_stopped_seeds_checkpoints_apart_and_a_finished_seed_replaces_them(tmp_path):
