@@ -6,6 +6,8 @@ a SuperNode on another machine needs nothing but `--node-config "partition-id=K 
 
 from __future__ import annotations
 
+import time
+
 from flwr.app import ConfigRecord, Context, Message
 from flwr.clientapp import ClientApp
 
@@ -13,7 +15,8 @@ from fedapp import registry
 from fedapp.client_context import ClientContext
 from fedapp.config import RunConfig, parse_run_config
 from fedapp.progress import client_scope, setup_logging
-from fedapp.protocols import CLIENT_KEY, DOMAIN_KEY, FLOWER_CONFIG_KEYS, NUM_PARTITIONS_KEY, PARTITION_KEY, RUN_KEY
+from fedapp.protocols import (CLIENT_KEY, DOMAIN_KEY, FLOWER_CONFIG_KEYS, NUM_PARTITIONS_KEY, PARTITION_KEY, RUN_KEY,
+                              SECONDS_KEY)
 
 
 class Dispatcher:
@@ -46,9 +49,11 @@ class Dispatcher:
         if mtype not in handlers:
             raise ValueError(f"method {cfg.method!r} has no client handler for message type {mtype!r}")
         setup_logging()  # this process' progress lines reach Flower's log stream (fedapp.progress)
+        t0 = time.perf_counter()
         with client_scope(ctx.partition_id):
             content = handlers[mtype](msg, ctx)
-        who = {PARTITION_KEY: ctx.partition_id, NUM_PARTITIONS_KEY: ctx.num_partitions}
+        who = {PARTITION_KEY: ctx.partition_id, NUM_PARTITIONS_KEY: ctx.num_partitions,
+               SECONDS_KEY: time.perf_counter() - t0}
         if "shard" in ctx.__dict__ and isinstance(ctx.shard.meta.get("domain"), str):
             who[DOMAIN_KEY] = ctx.shard.meta["domain"]
         content[CLIENT_KEY] = ConfigRecord(who)

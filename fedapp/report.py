@@ -54,7 +54,8 @@ def render(run_dir: str | Path) -> str:
     if comm:
         per = [{"client": c, **v} for c, v in sorted((comm.get("per_client") or {}).items())]
         lines += ["## Communication", "", f"up {comm.get('up_bytes')} bytes, down {comm.get('down_bytes')} bytes", ""]
-        lines += _table(per, ["client", "up_bytes", "down_bytes", "messages_up", "messages_down"]) + [""]
+        lines += _table(per, ["client", "up_bytes", "down_bytes", "messages_up", "messages_down", "compute_seconds"])
+        lines += [""]
     if summary.get("privacy"):
         lines += ["## Privacy", ""] + [f"- {k}: {v}" for k, v in summary["privacy"].items()] + [""]
     figures = sorted(p.relative_to(root).as_posix() for p in root.rglob("*.png"))

@@ -62,28 +62,35 @@ def atomic_write_json(path: Path, obj: Any) -> None:
 
 
 class CommLedger:
-    """Bytes up and down, per client (partition id or node id) and phase."""
+    """Bytes up and down and the clients' compute seconds, per client (partition id or node id) and phase."""
 
     def __init__(self) -> None:
-        self.table: dict[str, dict[str, dict[str, int]]] = defaultdict(
-            lambda: defaultdict(lambda: {"up": 0, "down": 0, "messages_up": 0, "messages_down": 0}))
+        self.table: dict[str, dict[str, dict[str, float]]] = defaultdict(
+            lambda: defaultdict(lambda: {"up": 0, "down": 0, "messages_up": 0, "messages_down": 0, "seconds": 0.0}))
 
     def add(self, client: str, phase: str, direction: str, nbytes: int) -> None:
         row = self.table[str(client)][phase]
         row[direction] += int(nbytes)
         row[f"messages_{direction}"] += 1
 
+    def add_seconds(self, client: str, phase: str, seconds: float) -> None:
+        """The client's own wall time on a message it answered (a reply reused from a cache reports the
+        seconds its first computation took: the method's cost, not the cache's)."""
+        self.table[str(client)][phase]["seconds"] += seconds
+
     def totals(self) -> dict[str, Any]:
         per_client = {
             c: {"up_bytes": sum(p["up"] for p in phases.values()),
                 "down_bytes": sum(p["down"] for p in phases.values()),
                 "messages_up": sum(p["messages_up"] for p in phases.values()),
-                "messages_down": sum(p["messages_down"] for p in phases.values())}
+                "messages_down": sum(p["messages_down"] for p in phases.values()),
+                "compute_seconds": sum(p["seconds"] for p in phases.values())}
             for c, phases in self.table.items()
         }
         return {
             "up_bytes": sum(v["up_bytes"] for v in per_client.values()),
             "down_bytes": sum(v["down_bytes"] for v in per_client.values()),
+            "compute_seconds": sum(v["compute_seconds"] for v in per_client.values()),
             "per_client": per_client,
         }
 

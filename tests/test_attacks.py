@@ -28,7 +28,7 @@ from fedapp.protocols import (ACCURACY_KEY, ARRAYS_KEY, CLIENT_KEY, METRICS_KEY,
 from fedapp.protocols import espresso as E
 from fedapp.results import RunDir
 from fedapp.server import ServerRun, keep_valid
-from fedapp.server.grid import claim_partition
+from fedapp.server.grid import claim_partition, client_seconds
 from fedapp.server_app import run_server
 from fedapp.simulation import InProcessGrid, ReplyCache, resolve_run_config
 from strategies.fedavg import FedAvgStrategy
@@ -273,9 +273,17 @@ def test_partition_claims_first_claim_holds_no_two_live_nodes_share_one_and_a_re
     assert "must be an integer" in claim_partition(run_, 3, _content("2"), live)
     assert "unexpected keys ['x']" in claim_partition(run_, 3, _content(2, x=1), live)
     assert "no 'client' record" in claim_partition(run_, 3, RecordDict(), live)
+    assert claim_partition(run_, 2, _content(1, seconds=1.5), live) is None  # its compute time rides along
     assert run_.node_partition == {1: 0, 2: 1}
     # node 1 left the grid; a node rejoining under a new id takes partition 0 over
     assert claim_partition(run_, 4, _content(0), {2, 3, 4}) is None and run_.node_partition[4] == 0
+
+
+def test_a_replys_reported_seconds_count_only_as_a_finite_non_negative_number():
+    assert client_seconds(_content(0, seconds=2.5)) == 2.5 and client_seconds(_content(0, seconds=3)) == 3.0
+    for bad in (-1.0, float("nan"), float("inf"), True, "9", b"9"):
+        assert client_seconds(_content(0, seconds=bad)) == 0.0, bad
+    assert client_seconds(_content(0)) == 0.0 and client_seconds(RecordDict()) == 0.0
 
 
 def test_a_reply_whose_partition_the_grid_never_accepted_fails_the_gate(tmp_path):

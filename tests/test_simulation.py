@@ -35,6 +35,9 @@ def test_dirichlet_simulation_writes_a_complete_run_folder(tmp_path, method):
     # Every client downloads the model twice per round (train + evaluate) and uploads it once.
     per = s["comm"]["per_client"]["0"]
     assert per["messages_down"] == 4 and per["up_bytes"] > 0
+    # every client reports its own compute time; the run's total is their sum
+    seconds = [c["compute_seconds"] for c in s["comm"]["per_client"].values()]
+    assert min(seconds) > 0 and s["comm"]["compute_seconds"] == pytest.approx(sum(seconds))
     assert json.loads((run / "config.json").read_text())["method"] == method
     assert s["failures"] == []
 

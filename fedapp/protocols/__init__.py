@@ -28,6 +28,7 @@ FLOWER_CONFIG_KEYS = (ROUND_KEY, PROXIMAL_MU_KEY)
 PARTITION_KEY = "partition-id"
 NUM_PARTITIONS_KEY = "num-partitions"  # how many partitions the node split the data into (its --node-config)
 DOMAIN_KEY = "domain"
+SECONDS_KEY = "seconds"  # the client's own wall time on the message it answers (its compute, for the ledger)
 NUM_EXAMPLES_KEY = "num-examples"  # Flower's FedAvg weights uploads by this metric
 
 

@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterable
 
 from flwr.app import Message, RecordDict
 
-from fedapp.protocols import CLIENT_KEY, DOMAIN_KEY, NUM_PARTITIONS_KEY, PARTITION_KEY
+from fedapp.protocols import CLIENT_KEY, DOMAIN_KEY, NUM_PARTITIONS_KEY, PARTITION_KEY, SECONDS_KEY
 from fedapp.protocols.records import record_nbytes
 from fedapp.server.run import ServerRun
 
@@ -63,6 +63,7 @@ class MeteredGrid:
             if why is not None:  # dropped: no strategy ever reads a reply whose sender is unknown
                 self.run.fail(node, phase, f"invalid partition claim: {why}")
                 continue
+            self.run.ledger.add_seconds(str(node), phase, client_seconds(r.content))
             kept.append(r)
         for m in messages:
             if m.metadata.dst_node_id not in answered:
@@ -103,13 +104,22 @@ class LiveNodes:
         return node in self._ids
 
 
+def client_seconds(content: RecordDict) -> float:
+    """The compute seconds a reply reports (SECONDS_KEY of CLIENT_KEY), 0.0 for anything but a finite
+    non-negative number: telemetry a client sends is counted, never trusted enough to fail a reply."""
+    value = content.config_records.get(CLIENT_KEY, {}).get(SECONDS_KEY)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < float("inf"):
+        return 0.0
+    return float(value)
+
+
 def claim_partition(run: ServerRun, node: int, content: RecordDict, live: Any) -> str | None:
     """Why `node` may not serve the partition its reply claims (CLIENT_KEY), or None: then the claim
     is the node's in `run.node_partition` from now on. `live`: the connected node ids."""
     rec = content.config_records.get(CLIENT_KEY)
     if rec is None:
         return f"no {CLIENT_KEY!r} record naming the partition"
-    extra = sorted(set(rec.keys()) - {PARTITION_KEY, NUM_PARTITIONS_KEY, DOMAIN_KEY})
+    extra = sorted(set(rec.keys()) - {PARTITION_KEY, NUM_PARTITIONS_KEY, DOMAIN_KEY, SECONDS_KEY})
     if extra:
         return f"unexpected keys {extra} in the {CLIENT_KEY!r} record"
     pid, n = rec.get(PARTITION_KEY), run.num_partitions

@@ -76,15 +76,17 @@ class ServerRun:
     def comm(self) -> dict[str, Any]:
         """Byte totals; the ledger is keyed by node id, reported by partition id once known."""
         totals = self.ledger.totals()
-        per: dict[str, dict[str, int]] = {}
+        per: dict[str, dict[str, float]] = {}
         for node, row in totals["per_client"].items():
             label = self.client_label(int(node)) if node.isdigit() else node
             if label in per:  # the same client under two node ids (it rejoined): merge, never overwrite
                 row = {k: per[label][k] + v for k, v in row.items()}
             per[label] = row
         for label, row in self.earlier().get("per_client", {}).items():  # a resumed run's earlier part
-            per[label] = {k: per.get(label, {}).get(k, 0) + v for k, v in row.items()}
+            now = per.get(label, {})  # (a checkpoint from before compute_seconds lacks that key: union)
+            per[label] = {k: now.get(k, 0) + row.get(k, 0) for k in now.keys() | row.keys()}
         totals["per_client"] = per
         totals["up_bytes"] = sum(r["up_bytes"] for r in per.values())
         totals["down_bytes"] = sum(r["down_bytes"] for r in per.values())
+        totals["compute_seconds"] = sum(r.get("compute_seconds", 0.0) for r in per.values())
         return totals
