@@ -48,6 +48,9 @@ class CommonConfig:
                                    help="round-based classification methods: share of the connected nodes each "
                                         "round's federated evaluation asks (at least min-clients; 0: none, the "
                                         "server's global test set only)")
+    evaluate_every: int = opt(1, low=1, help="round-based classification methods: federated evaluation in every "
+                                             "N-th round and the last (1: every round; num-server-rounds: the "
+                                             "last only, the per-client accuracy without a model download a round)")
     prior: str = opt("tiny", help="diffusion prior: tiny, a HF id or a local folder")
     round_timeout: float = opt(3600.0, low=0.0, low_open=True)
     node_timeout: float = opt(600.0, low=0.0, low_open=True, help="seconds the server waits for min-clients nodes")

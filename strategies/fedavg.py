@@ -61,6 +61,9 @@ class FedAvgStrategy(RoundStrategy):
         return messages
 
     def configure_evaluate(self, server_round: int, arrays: ArrayRecord, config, grid):
+        run_round, cfg = server_round + self.round_offset, self.run.cfg
+        if run_round % cfg.evaluate_every and run_round != cfg.num_server_rounds:  # evaluate-every: not this round
+            return []
         return self._seeded("fraction-evaluate", super().configure_evaluate, server_round, arrays, config, grid)
 
     def _seeded(self, key: str, configure, server_round: int, *args) -> list[Message]:
@@ -82,6 +85,9 @@ class FedAvgStrategy(RoundStrategy):
     def aggregate_evaluate(self, server_round: int, replies: Iterable[Message]):
         replies = list(replies)
         if not replies and self.fraction_evaluate == 0:  # fraction-evaluate = 0: nobody was asked
+            return None
+        if not replies:  # a round evaluate-every skips: no client accuracy is carried into its row
+            self._client_acc = {}
             return None
         replies = keep_valid(self.run, replies, P.EVALUATE, P.validate_evaluate)
         # a client with an empty test split (validation allows 0 only then) weighs nothing: Flower's

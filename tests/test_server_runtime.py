@@ -244,6 +244,18 @@ def test_fraction_evaluate_asks_that_share_of_nodes_or_none(tmp_path):
     assert asked(0.0) == []  # the global test set only
 
 
+def test_evaluate_every_asks_the_clients_in_every_nth_round_and_the_last_only(tmp_path):
+    cfg = parse_run_config({"min-clients": 2, "evaluate-every": 3, "num-server-rounds": 7, "out-dir": str(tmp_path)})
+    strat = FedAvgStrategy(ServerRun(cfg=cfg, out=RunDir(tmp_path / "r")))
+    asked = [r for r in range(1, 8)
+             if strat.configure_evaluate(r, ArrayRecord({"w": torch.zeros(2)}), ConfigRecord({}), _Nodes(4))]
+    assert asked == [3, 6, 7]
+    strat.round_offset = 5  # a run resumed after round 5: Flower's round 1 is the run's round 6
+    assert strat.configure_evaluate(1, ArrayRecord({"w": torch.zeros(2)}), ConfigRecord({}), _Nodes(4))
+    strat._client_acc = {0: {"accuracy": 1.0, "n": 1, "domain": None}}
+    assert strat.aggregate_evaluate(2, []) is None and strat._client_acc == {}  # a skipped round carries none
+
+
 def test_no_federated_evaluation_is_the_protocol_not_a_warning(tmp_path, monkeypatch):
     """fraction-evaluate = 0 (fedavg-ddpm, dpdm, fedflow always; the FedAvg family on request): evaluation is
     skipped as Flower skips it, without Flower's construction-time WARNING in every such run's log."""
