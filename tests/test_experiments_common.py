@@ -513,3 +513,67 @@ def test_a_sweep_keeps_a_stopped_seeds_checkpoints_apart_and_a_finished_seed_rep
     on_disk = json.loads(path.read_text())
     assert "partial" not in on_disk and on_disk["seeds"]["0"]["points"][-1]["acc"] == 0.7 and on_disk["n"] == 1
     assert out["seeds"] == on_disk["seeds"]
+
+
+def test_leaderboard_pareto_front_keeps_exactly_the_points_nothing_dominates():
+    from experiments.leaderboard import pareto_front
+
+    pts = {"cheap": (1.0, 80.0), "dear": (100.0, 97.0), "worse": (50.0, 79.0), "tie": (1.0, 80.0), "mid": (10.0, 90.0)}
+    assert pareto_front(pts) == ["cheap", "tie", "mid", "dear"]  # "worse" costs more than cheap for less
+    assert pareto_front({"a": (2.0, 1.0), "b": (2.0, 2.0)}) == ["b"]
+
+
+def test_leaderboard_cell_figures_leave_the_final_evaluation_out_of_the_methods_cost():
+    from experiments.leaderboard import figures, summarise
+
+    summary = {"num_clients": 2, "wall_seconds": 10.0,
+               "metrics": {"accuracy": 0.9, "per_client_accuracy": {"0": 0.8, "1": 1.0}},
+               "comm": {"up_bytes": 1000, "down_bytes": 3000, "compute_seconds": 6.0}}
+    comm = {"by_phase": {"11": {"train": {"up": 400, "down": 1000, "seconds": 2.0},
+                                "evaluate": {"up": 50, "down": 500, "seconds": 0.5}},
+                         "12": {"train": {"up": 450, "down": 1000, "seconds": 3.0},
+                                "evaluate": {"up": 100, "down": 500, "seconds": 0.5}}}}
+    f = figures(summary, comm, curve=None)
+    assert f["up_bytes_per_client"] == 425 and f["down_bytes_per_client"] == 1000  # (1000 - 150) / 2, (3000 - 1000) / 2
+    assert f["client_seconds_per_client"] == 2.5 and f["server_seconds"] == 4.0 and f["rounds"] == 1
+    assert f["accuracy"] == pytest.approx(90.0) and f["client_accuracy_std"] == pytest.approx(10.0)
+    oracle = figures({**summary, "metrics": {**summary["metrics"], "oracle": True}}, comm, None)
+    assert oracle["rounds"] == 0
+    rows = summarise({"FedAvg": {"0": f, "1": {**f, "accuracy": 80.0}}, "X": {"0": {**f, "accuracy": 95.0}}})
+    assert rows["X"]["vs_baseline"]["per_seed"] == pytest.approx({"0": 5.0}) and "vs_baseline" not in rows["FedAvg"]
+    assert rows["FedAvg"]["accuracy"]["mean"] == pytest.approx(85.0)
+
+
+def test_leaderboard_writes_its_block_into_the_page_and_replaces_only_that_block(tmp_path):
+    from experiments.leaderboard import write_doc
+
+    doc = tmp_path / "leaderboard.md"
+    doc.write_text("# Leaderboard\n\nprose stays\n")
+    write_doc(doc, "a", "table A v1")
+    write_doc(doc, "b", "table B")
+    write_doc(doc, "a", "table A v2")
+    text = doc.read_text()
+    assert "prose stays" in text and "table A v1" not in text and text.index("table A v2") < text.index("table B")
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_leaderboard_runs_each_cell_once_and_a_second_call_only_reads_them(tmp_path, monkeypatch):
+    import json
+
+    from experiments import leaderboard
+
+    args = ["--dataset", "digit-styles", "--partitioner", "domain", "--seeds", "0", "--entries", "FedAvg,Centralised",
+            "--out", str(tmp_path / "out"), "--doc", str(tmp_path / "leaderboard.md"), "--runs", str(tmp_path / "runs"),
+            "--set", "partitioner.per-class=2", "num-server-rounds=2", "local-epochs=1", "server-epochs=1"]
+    leaderboard.main(args)
+    table = json.loads((tmp_path / "out" / "leaderboard_digit-styles-domain.json").read_text())
+    fedavg, oracle = table["cells"]["FedAvg"]["0"], table["cells"]["Centralised"]["0"]
+    model_bytes = fedavg["down_bytes_per_client"] / 2  # two rounds of the model down, the final evaluation's left out
+    assert fedavg["rounds"] == 2 and fedavg["up_bytes_per_client"] == pytest.approx(2 * model_bytes, rel=0.01)
+    assert len(fedavg["per_client_accuracy"]) == 4 and fedavg["client_seconds_per_client"] > 0  # asked once, at the end
+    assert oracle["rounds"] == 0 and oracle["up_bytes_per_client"] == 0
+    assert table["pareto"]["up_bytes_per_client"] == ["FedAvg"]  # the oracle is a reference, never on the front
+    assert (tmp_path / "out" / "leaderboard_digit-styles-domain.png").is_file()
+    assert "| FedAvg ◆ ⧗ | 1 |" in (tmp_path / "leaderboard.md").read_text()
+    monkeypatch.setattr(leaderboard, "run_cell", lambda *a: pytest.fail("a cell on disk ran again"))
+    leaderboard.main(args)

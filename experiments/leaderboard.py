@@ -1,0 +1,370 @@
+"""One leaderboard (issue 32): every method on the same clients, accuracy against bytes uploaded and time.
+
+    python -m experiments leaderboard --dataset mnist-styles --partitioner domain --seeds 0,1,2
+    python -m experiments leaderboard --dataset mnist-5k --partitioner dirichlet --alpha 0.1 --seeds 0,1,2
+
+Every entry (ENTRIES) is a run config of the real method, one-shot and multi-round side by side, at the
+budget its own table found converged (SETTINGS), on the same partition and test set: a client's shard is a
+pure function of the data keys and the seed, which every entry of a seed shares. Per cell (entry, seed), from
+the run's summary.json and comm.json:
+
+- global test accuracy, and the clients' accuracy on their own real test splits (mean and std over clients;
+  the FedAvg family asks its clients once, in the last round: `evaluate-every` = `num-server-rounds`);
+- bytes up and down per client, mean over clients: the method's own, without the final federated
+  evaluation's (a model down and an accuracy up, the same for every entry);
+- rounds (one-shot methods 1, the centralised oracle 0: it uploads nothing);
+- client compute seconds per client (each reply's own wall time, fedapp.protocols.SECONDS_KEY, evaluation
+  left out), the server's seconds (the run's wall time less all client compute: in-process the clients run
+  one after another inside the run) and the wall time.
+
+Priors are built (or found in the cache) before any cell runs, so no cell's time holds a one-off build.
+A multi-round cell's convergence verdict (experiments.common.classification_verdict) is kept beside it.
+
+Resumable: a finished cell's figures are kept in <out>/cells/, named by a digest of its whole run config
+(but out-dir); adding an entry or a seed runs only the new cells. Writes <out>/leaderboard_<setting>.json,
+<out>/leaderboard_<setting>.png (accuracy against upload bytes, log scale, and against wall time, mean ± std
+over seeds both ways, the Pareto front marked) and the setting's table into docs/leaderboard.md.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+from pathlib import Path
+from typing import Any
+
+from experiments.common import (accuracy_curve, check_configs, check_cpu_budget, classification_verdict,
+                                config_errors_exit, paired_difference, paired_text, parse_set, prog, quiet_logs,
+                                run, subset_of)
+from fedapp.results import atomic_write_bytes, atomic_write_json
+
+# name -> run-config keys; the partition, seed and the setting's budgets come from SETTINGS
+ENTRIES = {
+    "Espresso": {"method": "espresso"},  # the default run's settings
+    # the paper's setting as issue 30's table runs it: Z-sampling at 25 steps (>= 5 zigzags)
+    "Espresso (paper)": {"method": "espresso", "espresso.steps": 25},
+    "Prompts-only": {"method": "prompts"},
+    "class-embed": {"method": "class-embed"},
+    "FedAvg": {"method": "fedavg"},
+    "FedProx": {"method": "fedprox"},
+    "MOON": {"method": "moon"},
+    "FedDifRC": {"method": "feddifrc"},
+    "Centralised": {"method": "centralized"},  # ORACLE: the union of the clients' real shards
+}
+ORACLES = ("Centralised",)  # a reference line in the plots, never on a Pareto front (it uploads nothing)
+BASELINE = "FedAvg"  # every entry's same-seed accuracy difference is against it
+ROUND_BASED = ("fedavg", "fedprox", "moon", "feddifrc")
+# partitioner -> the clients, data keys and the multi-round budget its own table found converged
+SETTINGS = {
+    # Espresso's tables (docs/espresso.md): 4 clients, one style each, 16 images a class; FedAvg reference
+    # 30 rounds (espresso-ablation --fedavg-rounds)
+    "domain": {"clients": 4, "data": {"partitioner.name": "domain", "partitioner.per-class": 16},
+               "rounds": {"num-server-rounds": 30}},
+    # FedDifRC's tables (docs/feddifrc.md): 10 clients, 5 a round; alpha 0.1 converges at 80 rounds x 2 local
+    # epochs (alpha 0.05 needs 160: pass --set num-server-rounds=160)
+    "dirichlet": {"clients": 10, "data": {"partitioner.name": "dirichlet", "partitioner.per-class": 0},
+                  "rounds": {"num-server-rounds": 80, "local-epochs": 2, "fraction-train": 0.5}},
+}
+EVALUATE = "evaluate"  # the federated evaluation's message type (fedapp.protocols.classify.EVALUATE)
+
+
+def parse_seeds(text: str) -> list[int]:
+    try:
+        seeds = [int(s) for s in text.split(",")]
+    except ValueError:
+        raise SystemExit(f"--seeds={text}: must be comma-separated whole numbers, e.g. 0,1,2") from None
+    if len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise SystemExit(f"--seeds={text}: must be distinct and non-negative")
+    return seeds
+
+
+def setting_name(a: argparse.Namespace) -> str:
+    alpha = f"-a{a.alpha:g}" if a.partitioner == "dirichlet" else ""
+    return f"{a.dataset}-{a.partitioner}{alpha}"
+
+
+def cell_config(a: argparse.Namespace, entry: str, seed: int) -> dict[str, Any]:
+    """One cell's run config: the setting's partition and seed, the entry's method at its budget."""
+    setting = SETTINGS[a.partitioner]
+    flat = {"dataset": a.dataset, **setting["data"], "seed": seed, "min-clients": setting["clients"],
+            "device": "cpu", "out-dir": a.runs, "run-name": f"{slug(entry)}-s{seed}", **ENTRIES[entry]}
+    if a.partitioner == "dirichlet":
+        flat["partitioner.alpha"] = a.alpha
+    if flat["method"] in ROUND_BASED:
+        flat.update(setting["rounds"])
+        flat["fraction-evaluate"] = 1.0
+    overrides = parse_set(a.set)
+    flat.update(overrides)
+    if flat["method"] in ROUND_BASED:  # the clients evaluate once, at the end
+        flat["evaluate-every"] = flat.get("num-server-rounds", 5)
+    return flat
+
+
+def slug(entry: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in entry.lower()).strip("-").replace("--", "-")
+
+
+def cell_file(cells: Path, flat: dict[str, Any]) -> Path:
+    from fedapp.models.cache import facts_digest
+
+    digest = facts_digest({k: v for k, v in flat.items() if k != "out-dir"})
+    return cells / f"{flat['run-name']}-{digest}.json"
+
+
+def evaluation_cost(comm: dict[str, Any]) -> dict[str, float]:
+    """The final federated evaluation's bytes and client seconds, summed over nodes (comm.json's by_phase)."""
+    rows = [phases[EVALUATE] for phases in comm.get("by_phase", {}).values() if EVALUATE in phases]
+    return {"up": sum(r["up"] for r in rows), "down": sum(r["down"] for r in rows),
+            "seconds": sum(r.get("seconds", 0.0) for r in rows)}
+
+
+def figures(summary: dict[str, Any], comm: dict[str, Any], curve: list[float] | None) -> dict[str, Any]:
+    """A cell's figures from its run's summary.json and comm.json (and accuracy curve, multi-round runs)."""
+    m, totals, clients = summary["metrics"], summary["comm"], summary["num_clients"]
+    ev = evaluation_cost(comm)
+    per_client = [100 * v for v in (m.get("per_client_accuracy") or {}).values()]
+    rounds = 0 if m.get("oracle") else (len(curve) if curve is not None else 1)
+    client_seconds = totals.get("compute_seconds", 0.0)
+    return {
+        "accuracy": 100 * m["accuracy"],
+        "client_accuracy_mean": statistics.fmean(per_client) if per_client else None,
+        "client_accuracy_std": statistics.pstdev(per_client) if per_client else None,
+        "per_client_accuracy": per_client,
+        "up_bytes_per_client": (totals["up_bytes"] - ev["up"]) / clients,
+        "down_bytes_per_client": (totals["down_bytes"] - ev["down"]) / clients,
+        "rounds": rounds,
+        "client_seconds_per_client": (client_seconds - ev["seconds"]) / clients,
+        "server_seconds": summary["wall_seconds"] - client_seconds,
+        "wall_seconds": summary["wall_seconds"],
+        "verdict": classification_verdict(curve) if curve is not None else None,
+    }
+
+
+def run_cell(flat: dict[str, Any], clients: int) -> dict[str, Any]:
+    """Run one cell (in-process) and return its figures. Caches a method keeps across runs of one process
+    are emptied first, so that every cell pays for its own clients' work."""
+    import sys
+
+    if "clients.feddifrc" in sys.modules:  # the target basis every client fits from the public images
+        sys.modules["clients.feddifrc"]._BASES.clear()
+        sys.modules["clients.feddifrc"]._SHARED.clear()
+    summary = run(flat, clients, "inprocess")
+    if summary.get("status") != "completed":
+        raise RuntimeError(f"{flat['run-name']}: {summary.get('status')} ({summary.get('error')})")
+    comm = json.loads((Path(summary["run_dir"]) / "comm.json").read_text())
+    curve = accuracy_curve(summary) if flat["method"] in ROUND_BASED else None
+    return figures(summary, comm, curve)
+
+
+def warm_priors(configs: list[dict[str, Any]]) -> None:
+    """Build (or load) every prior the cells read, before any cell is timed."""
+    from fedapp import registry
+    from fedapp.config import all_defaults
+    from fedapp.models.prior import load_or_build_prior
+
+    for spec, dataset in sorted({(c.get("prior", all_defaults()["prior"]), c["dataset"]) for c in configs
+                                 if registry.METHODS[c["method"]].uses_prior}):
+        print(f"prior {spec} for {dataset}: built or loaded before the cells", flush=True)
+        load_or_build_prior(spec, dataset)
+
+
+KEYS = ("accuracy", "client_accuracy_mean", "client_accuracy_std", "up_bytes_per_client", "down_bytes_per_client",
+        "rounds", "client_seconds_per_client", "server_seconds", "wall_seconds")
+
+
+def summarise(cells: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    """entry -> mean and std over seeds of every figure, the seeds, how many multi-round seeds converged, and
+    the same-seed accuracy difference against BASELINE."""
+    out = {}
+    for entry, by_seed in cells.items():
+        row: dict[str, Any] = {"seeds": sorted(by_seed, key=int)}
+        for k in KEYS:
+            vals = [c[k] for c in by_seed.values() if c.get(k) is not None]
+            row[k] = {"mean": statistics.fmean(vals), "std": statistics.pstdev(vals)} if vals else None
+        verdicts = [c["verdict"] for c in by_seed.values() if c.get("verdict")]
+        row["converged"] = f"{sum(v['converged'] for v in verdicts)} of {len(verdicts)}" if verdicts else None
+        if BASELINE in cells and entry != BASELINE:
+            acc = {s: c["accuracy"] for s, c in by_seed.items()}
+            row["vs_baseline"] = paired_difference(acc, {s: c["accuracy"] for s, c in cells[BASELINE].items()},
+                                                   True)
+        out[entry] = row
+    return out
+
+
+def pareto_front(points: dict[str, tuple[float, float]]) -> list[str]:
+    """The names no other point dominates, for (cost, accuracy): lower cost and higher accuracy are better; a
+    point is dominated by one at most as costly and at least as accurate, better in one of the two."""
+    def dominated(p: tuple[float, float]) -> bool:
+        return any(q[0] <= p[0] and q[1] >= p[1] and q != p for q in points.values())
+
+    return sorted((n for n, p in points.items() if not dominated(p)), key=lambda n: points[n][0])
+
+
+def mean_of(row: dict[str, Any], key: str) -> float | None:
+    return row[key]["mean"] if row.get(key) else None
+
+
+def std_of(row: dict[str, Any], key: str) -> float:
+    return row[key]["std"] if row.get(key) else 0.0
+
+
+def fronts(summary: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
+    """The Pareto front against upload bytes and against wall time (entries with both figures)."""
+    out = {}
+    for key in ("up_bytes_per_client", "wall_seconds"):
+        pts = {n: (mean_of(r, key), mean_of(r, "accuracy")) for n, r in summary.items()
+               if mean_of(r, key) is not None and n not in ORACLES}
+        out[key] = pareto_front(pts)
+    return out
+
+
+def human_bytes(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit in ("B", "KB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1000
+    return f"{n:.1f} GB"
+
+
+def pm(row: dict[str, Any], key: str, digits: int = 1) -> str:
+    return f"{row[key]['mean']:.{digits}f} ± {row[key]['std']:.{digits}f}" if row.get(key) else "n/a"
+
+
+def seconds(row: dict[str, Any], key: str) -> str:
+    """Seconds to three significant figures at most, whole seconds from 100 on."""
+    if not row.get(key):
+        return "n/a"
+    digits = 0 if row[key]["mean"] >= 100 else 1 if row[key]["mean"] >= 10 else 2
+    return pm(row, key, digits)
+
+
+def table_text(summary: dict[str, dict[str, Any]], front: dict[str, list[str]]) -> str:
+    head = ("| entry | seeds | accuracy % | − FedAvg, same seeds | clients' accuracy % (spread over clients) | "
+            "up / client | down / client | rounds | client s / client | server s | wall s | converged |")
+    lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
+    for n, r in summary.items():
+        mark = " ◆" if n in front.get("up_bytes_per_client", []) else ""
+        mark += " ⧗" if n in front.get("wall_seconds", []) else ""
+        spread = f" (± {r['client_accuracy_std']['mean']:.1f})" if r.get("client_accuracy_std") else ""
+        lines.append(
+            f"| {n}{mark} | {len(r['seeds'])} | {pm(r, 'accuracy')} | {paired_text(r.get('vs_baseline'))} | "
+            f"{pm(r, 'client_accuracy_mean')}{spread} | {human_bytes(mean_of(r, 'up_bytes_per_client'))} | "
+            f"{human_bytes(mean_of(r, 'down_bytes_per_client'))} | {mean_of(r, 'rounds') or 0:.0f} | "
+            f"{seconds(r, 'client_seconds_per_client')} | {seconds(r, 'server_seconds')} | "
+            f"{seconds(r, 'wall_seconds')} | "
+            f"{r['converged'] or '—'} |")
+    lines.append("")
+    lines.append("◆ on the Pareto front of accuracy against upload bytes; ⧗ against wall time.")
+    return "\n".join(lines)
+
+
+def plot(summary: dict[str, dict[str, Any]], front: dict[str, list[str]], path: Path, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
+    for ax, key, label in ((axes[0], "up_bytes_per_client", "bytes uploaded per client (log)"),
+                           (axes[1], "wall_seconds", "wall time, s (log)")):
+        names = [n for n, r in summary.items() if mean_of(r, key) and n not in ORACLES]
+        for n in names:
+            r = summary[n]
+            ax.errorbar(mean_of(r, key), mean_of(r, "accuracy"), xerr=std_of(r, key), yerr=std_of(r, "accuracy"),
+                        fmt="o", capsize=3, label=n, mfc="none" if n not in front[key] else None)
+            ax.annotate(n, (mean_of(r, key), mean_of(r, "accuracy")), textcoords="offset points", xytext=(4, 4),
+                        fontsize=7)
+        on = [n for n in front[key] if n in names]
+        ax.step([mean_of(summary[n], key) for n in on], [mean_of(summary[n], "accuracy") for n in on],
+                where="post", color="k", lw=1, ls="--", label="Pareto front")
+        for n in (n for n in ORACLES if n in summary):
+            ax.axhline(mean_of(summary[n], "accuracy"), color="grey", ls=":", lw=1, label=f"{n} (oracle)")
+        ax.set_xscale("log")
+        ax.set_xlabel(label)
+        ax.set_ylabel("global test accuracy, %")
+        ax.grid(alpha=0.3)
+    axes[0].legend(fontsize=7, loc="lower right")
+    fig.suptitle(f"{title}: mean ± std over seeds; filled: on the Pareto front")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp.png")
+    fig.savefig(tmp, dpi=110)
+    plt.close(fig)
+    tmp.replace(path)
+
+
+def write_doc(doc: Path, setting: str, text: str) -> None:
+    """Replace the setting's generated block of docs/leaderboard.md (between its two markers), or append it."""
+    start, end = f"<!-- leaderboard:{setting} -->", f"<!-- /leaderboard:{setting} -->"
+    body = doc.read_text() if doc.is_file() else "# Leaderboard\n"
+    block = f"{start}\n{text}\n{end}"
+    if start in body and end in body:
+        body = body[:body.index(start)] + block + body[body.index(end) + len(end):]
+    else:
+        body = body.rstrip("\n") + f"\n\n{block}\n"
+    atomic_write_bytes(doc, body.encode())
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog=prog("leaderboard"), description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--dataset", default="mnist-styles")
+    p.add_argument("--partitioner", default="domain", choices=sorted(SETTINGS))
+    p.add_argument("--alpha", type=float, default=0.1, help="the Dirichlet concentration (--partitioner dirichlet)")
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--entries", default=",".join(ENTRIES), help=f"subset of {','.join(ENTRIES)}")
+    p.add_argument("--set", nargs="*", default=[], help="run-config overrides for every cell")
+    p.add_argument("--out", default="docs/results/leaderboard")
+    p.add_argument("--doc", default="docs/leaderboard.md", help="the page the setting's table is written into")
+    p.add_argument("--runs", default="runs/leaderboard", help="folder of the runs' own folders")
+    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    return p
+
+
+def main(argv: list[str]) -> None:
+    a = parser().parse_args(argv)
+    check_cpu_budget(1, a.threads)
+    with config_errors_exit():
+        entries = subset_of("entries", a.entries, ENTRIES)
+        seeds = parse_seeds(a.seeds)
+        configs = {(e, s): cell_config(a, e, s) for e in entries for s in seeds}
+    clients = SETTINGS[a.partitioner]["clients"]
+    check_configs(list(configs.values()), clients)
+    import torch
+
+    torch.set_num_threads(a.threads)
+    quiet_logs()
+    setting, out = setting_name(a), Path(a.out)
+    cells_dir = out / "cells"
+    cells_dir.mkdir(parents=True, exist_ok=True)
+    todo = {k: f for k, f in configs.items() if not cell_file(cells_dir, f).is_file()}
+    print(f"leaderboard {setting}: {len(configs) - len(todo)} of {len(configs)} cells on disk", flush=True)
+    if todo:
+        warm_priors(list(todo.values()))
+    for (entry, seed), flat in todo.items():
+        print(f"cell {entry}, seed {seed}", flush=True)
+        atomic_write_json(cell_file(cells_dir, flat), {"entry": entry, "seed": seed, "config": flat,
+                                                       "figures": run_cell(flat, clients)})
+    cells: dict[str, dict[str, dict[str, Any]]] = {}
+    for (entry, seed), flat in configs.items():
+        cells.setdefault(entry, {})[str(seed)] = json.loads(cell_file(cells_dir, flat).read_text())["figures"]
+    summary = summarise(cells)
+    front = fronts(summary)
+    text = table_text(summary, front)
+    atomic_write_json(out / f"leaderboard_{setting}.json",
+                      {"setting": {"dataset": a.dataset, "partitioner": a.partitioner, "clients": clients,
+                                   **({"alpha": a.alpha} if a.partitioner == "dirichlet" else {}),
+                                   "seeds": seeds, "set": a.set, "budgets": SETTINGS[a.partitioner]},
+                       "entries": {e: ENTRIES[e] for e in entries}, "summary": summary, "pareto": front,
+                       "cells": cells, "table_markdown": text})
+    plot(summary, front, out / f"leaderboard_{setting}.png", setting)
+    command = "python -m experiments leaderboard " + " ".join(argv)
+    block = f"### {setting}\n\n`{command}`\n\n{text}"
+    png = out / f"leaderboard_{setting}.png"
+    if png.resolve().is_relative_to(Path(a.doc).resolve().parent):  # the page shows the plot beside its table
+        block += f"\n\n![{setting}]({png.resolve().relative_to(Path(a.doc).resolve().parent).as_posix()})"
+    write_doc(Path(a.doc), setting, block)
+    print(text, flush=True)
