@@ -344,13 +344,20 @@ def main(argv: list[str]) -> None:
     print(f"leaderboard {setting}: {len(configs) - len(todo)} of {len(configs)} cells on disk", flush=True)
     if todo:
         warm_priors(list(todo.values()))
+    failed = {}
     for (entry, seed), flat in todo.items():
         print(f"cell {entry}, seed {seed}", flush=True)
-        atomic_write_json(cell_file(cells_dir, flat), {"entry": entry, "seed": seed, "config": flat,
-                                                       "figures": run_cell(flat, clients)})
+        try:
+            figs = run_cell(flat, clients)
+        except Exception as err:  # noqa: BLE001 - one cell's failure is reported; the other cells go on
+            failed[f"{entry}, seed {seed}"] = f"{type(err).__name__}: {err}"
+            print(f"cell {entry}, seed {seed} failed: {failed[f'{entry}, seed {seed}']}", flush=True)
+            continue
+        atomic_write_json(cell_file(cells_dir, flat), {"entry": entry, "seed": seed, "config": flat, "figures": figs})
     cells: dict[str, dict[str, dict[str, Any]]] = {}
     for (entry, seed), flat in configs.items():
-        cells.setdefault(entry, {})[str(seed)] = json.loads(cell_file(cells_dir, flat).read_text())["figures"]
+        if cell_file(cells_dir, flat).is_file():  # a failed cell is left out (and runs again next time)
+            cells.setdefault(entry, {})[str(seed)] = json.loads(cell_file(cells_dir, flat).read_text())["figures"]
     summary = summarise(cells)
     front = fronts(summary)
     text = table_text(summary, front)
@@ -359,7 +366,7 @@ def main(argv: list[str]) -> None:
                                    **({"alpha": a.alpha} if a.partitioner == "dirichlet" else {}),
                                    "seeds": seeds, "set": a.set, "budgets": SETTINGS[a.partitioner]},
                        "entries": {e: ENTRIES[e] for e in entries}, "summary": summary, "pareto": front,
-                       "cells": cells, "table_markdown": text})
+                       "cells": cells, "failed_cells": failed, "table_markdown": text})
     plot(summary, front, out / f"leaderboard_{setting}.png", setting)
     command = "python -m experiments leaderboard " + " ".join(argv)
     block = f"### {setting}\n\n`{command}`\n\n{text}"

@@ -577,3 +577,13 @@ def test_leaderboard_runs_each_cell_once_and_a_second_call_only_reads_them(tmp_p
     assert "| FedAvg ◆ ⧗ | 1 |" in (tmp_path / "leaderboard.md").read_text()
     monkeypatch.setattr(leaderboard, "run_cell", lambda *a: pytest.fail("a cell on disk ran again"))
     leaderboard.main(args)
+
+    def broken(flat, clients):
+        raise RuntimeError("node gone")
+
+    monkeypatch.setattr(leaderboard, "run_cell", broken)  # a new seed's cells fail: reported, the rest still written
+    leaderboard.main([*args[:5], "0,1", *args[6:]])
+    table = json.loads((tmp_path / "out" / "leaderboard_digit-styles-domain.json").read_text())
+    assert table["failed_cells"] == {"FedAvg, seed 1": "RuntimeError: node gone",
+                                     "Centralised, seed 1": "RuntimeError: node gone"}
+    assert table["summary"]["FedAvg"]["seeds"] == ["0"]
