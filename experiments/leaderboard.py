@@ -308,6 +308,20 @@ def write_doc(doc: Path, setting: str, text: str) -> None:
     atomic_write_bytes(doc, body.encode())
 
 
+def shown_options(argv: list[str]) -> list[str]:
+    """The command's options without the ones that move no figure (where files go, torch threads): the page
+    shows the command a reader runs to measure the same cells."""
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg.split("=")[0] in ("--out", "--doc", "--runs", "--threads"):
+            skip = "=" not in arg
+        else:
+            out.append(arg)
+    return out
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog("leaderboard"), description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -368,7 +382,7 @@ def main(argv: list[str]) -> None:
                        "entries": {e: ENTRIES[e] for e in entries}, "summary": summary, "pareto": front,
                        "cells": cells, "failed_cells": failed, "table_markdown": text})
     plot(summary, front, out / f"leaderboard_{setting}.png", setting)
-    command = "python -m experiments leaderboard " + " ".join(argv)
+    command = "python -m experiments leaderboard " + " ".join(shown_options(argv))
     block = f"### {setting}\n\n`{command}`\n\n{text}"
     png = out / f"leaderboard_{setting}.png"
     if png.resolve().is_relative_to(Path(a.doc).resolve().parent):  # the page shows the plot beside its table

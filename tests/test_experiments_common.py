@@ -574,7 +574,8 @@ def test_leaderboard_runs_each_cell_once_and_a_second_call_only_reads_them(tmp_p
     assert oracle["rounds"] == 0 and oracle["up_bytes_per_client"] == 0
     assert table["pareto"]["up_bytes_per_client"] == ["FedAvg"]  # the oracle is a reference, never on the front
     assert (tmp_path / "out" / "leaderboard_digit-styles-domain.png").is_file()
-    assert "| FedAvg ◆ ⧗ | 1 |" in (tmp_path / "leaderboard.md").read_text()
+    page = (tmp_path / "leaderboard.md").read_text()
+    assert "| FedAvg ◆ ⧗ | 1 |" in page and "--out" not in page and "--set partitioner.per-class=2" in page
     monkeypatch.setattr(leaderboard, "run_cell", lambda *a: pytest.fail("a cell on disk ran again"))
     leaderboard.main(args)
 
