@@ -368,6 +368,8 @@ def main(argv: list[str]) -> None:
             print(f"cell {entry}, seed {seed} failed: {failed[f'{entry}, seed {seed}']}", flush=True)
             continue
         atomic_write_json(cell_file(cells_dir, flat), {"entry": entry, "seed": seed, "config": flat, "figures": figs})
+        print(f"cell {entry}, seed {seed}: accuracy {figs['accuracy']:.2f} %, "
+              f"{figs['up_bytes_per_client']:,.0f} bytes up a client, {figs['wall_seconds']:.0f} s", flush=True)
     cells: dict[str, dict[str, dict[str, Any]]] = {}
     for (entry, seed), flat in configs.items():
         if cell_file(cells_dir, flat).is_file():  # a failed cell is left out (and runs again next time)
