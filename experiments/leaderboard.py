@@ -70,6 +70,7 @@ SETTINGS = {
                   "rounds": {"num-server-rounds": 80, "local-epochs": 2, "fraction-train": 0.5}},
 }
 EVALUATE = "evaluate"  # the federated evaluation's message type (fedapp.protocols.classify.EVALUATE)
+PRIOR = "query.prior"  # the built-in prior's shipment (fedapp.protocols.espresso.PRIOR): once per node, ever
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -115,17 +116,22 @@ def cell_file(cells: Path, flat: dict[str, Any]) -> Path:
     return cells / f"{flat['run-name']}-{digest}.json"
 
 
-def evaluation_cost(comm: dict[str, Any]) -> dict[str, float]:
-    """The final federated evaluation's bytes and client seconds, summed over nodes (comm.json's by_phase)."""
-    rows = [phases[EVALUATE] for phases in comm.get("by_phase", {}).values() if EVALUATE in phases]
+def phase_cost(comm: dict[str, Any], phase: str) -> dict[str, float]:
+    """One phase's bytes and client seconds, summed over nodes (comm.json's by_phase)."""
+    rows = [phases[phase] for phases in comm.get("by_phase", {}).values() if phase in phases]
     return {"up": sum(r["up"] for r in rows), "down": sum(r["down"] for r in rows),
             "seconds": sum(r.get("seconds", 0.0) for r in rows)}
 
 
-def figures(summary: dict[str, Any], comm: dict[str, Any], curve: list[float] | None) -> dict[str, Any]:
-    """A cell's figures from its run's summary.json and comm.json (and accuracy curve, multi-round runs)."""
+def figures(summary: dict[str, Any], comm: dict[str, Any], curve: list[float] | None,
+            prior_bytes: int = 0) -> dict[str, Any]:
+    """A cell's figures from its run's summary.json and comm.json (and accuracy curve, multi-round runs). The
+    final evaluation and the prior's shipment are left out of the method's bytes: a node keeps a shipped prior,
+    so whether a run ships it depends on the runs before it; `prior_bytes` (the prior's records, what a client
+    downloads once) stands beside them instead."""
     m, totals, clients = summary["metrics"], summary["comm"], summary["num_clients"]
-    ev = evaluation_cost(comm)
+    ev, shipped = phase_cost(comm, EVALUATE), phase_cost(comm, PRIOR)
+    ev = {k: ev[k] + shipped[k] for k in ev}
     per_client = [100 * v for v in (m.get("per_client_accuracy") or {}).values()]
     rounds = 0 if m.get("oracle") else (len(curve) if curve is not None else 1)
     client_seconds = totals.get("compute_seconds", 0.0)
@@ -136,6 +142,7 @@ def figures(summary: dict[str, Any], comm: dict[str, Any], curve: list[float] | 
         "per_client_accuracy": per_client,
         "up_bytes_per_client": (totals["up_bytes"] - ev["up"]) / clients,
         "down_bytes_per_client": (totals["down_bytes"] - ev["down"]) / clients,
+        "prior_bytes_per_client": prior_bytes if any(PRIOR in p for p in comm.get("by_phase", {}).values()) else 0,
         "rounds": rounds,
         "client_seconds_per_client": (client_seconds - ev["seconds"]) / clients,
         "server_seconds": summary["wall_seconds"] - client_seconds,
@@ -155,9 +162,41 @@ def run_cell(flat: dict[str, Any], clients: int) -> dict[str, Any]:
     summary = run(flat, clients, "inprocess")
     if summary.get("status") != "completed":
         raise RuntimeError(f"{flat['run-name']}: {summary.get('status')} ({summary.get('error')})")
+    return run_figures(flat, summary)
+
+
+def run_figures(flat: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
+    """A finished run's figures, from what it wrote."""
     comm = json.loads((Path(summary["run_dir"]) / "comm.json").read_text())
     curve = accuracy_curve(summary) if flat["method"] in ROUND_BASED else None
-    return figures(summary, comm, curve)
+    return figures(summary, comm, curve, prior_record_bytes(flat))
+
+
+def refigure(flat: dict[str, Any], clients: int) -> dict[str, Any] | None:
+    """A cell's figures read again from its run's folder (after the figures' definitions changed), None when
+    the folder is gone or the run did not complete."""
+    from fedapp.simulation import resolve_run_config
+
+    path = resolve_run_config(flat, clients)[1] / "summary.json"
+    summary = json.loads(path.read_text()) if path.is_file() else {}
+    return run_figures(flat, summary) if summary.get("status") == "completed" else None
+
+
+def prior_record_bytes(flat: dict[str, Any]) -> int:
+    """The bytes of the records a built-in prior ships as (its weights and files); 0 for a hub or folder prior,
+    which every node loads from its own disk."""
+    from flwr.app import RecordDict
+
+    from fedapp.config import all_defaults
+    from fedapp.models.prior import prior_to_records
+    from fedapp.models.prior.spec import resolve_prior
+    from fedapp.protocols.records import record_nbytes
+
+    src = resolve_prior(flat.get("prior", all_defaults()["prior"]), flat["dataset"])
+    if src.kind != "tiny":
+        return 0
+    weights, files = prior_to_records(src.location)
+    return record_nbytes(RecordDict({"weights": weights, "files": files}))
 
 
 def warm_priors(configs: list[dict[str, Any]]) -> None:
@@ -173,7 +212,7 @@ def warm_priors(configs: list[dict[str, Any]]) -> None:
 
 
 KEYS = ("accuracy", "client_accuracy_mean", "client_accuracy_std", "up_bytes_per_client", "down_bytes_per_client",
-        "rounds", "client_seconds_per_client", "server_seconds", "wall_seconds")
+        "prior_bytes_per_client", "rounds", "client_seconds_per_client", "server_seconds", "wall_seconds")
 
 
 def summarise(cells: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -246,7 +285,8 @@ def seconds(row: dict[str, Any], key: str) -> str:
 
 def table_text(summary: dict[str, dict[str, Any]], front: dict[str, list[str]]) -> str:
     head = ("| entry | seeds | accuracy % | − FedAvg, same seeds | clients' accuracy % (spread over clients) | "
-            "up / client | down / client | rounds | client s / client | server s | wall s | converged |")
+            "up / client | down / client | prior, once / client | rounds | client s / client | server s | wall s | "
+            "converged |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for n, r in summary.items():
         mark = " ◆" if n in front.get("up_bytes_per_client", []) else ""
@@ -255,7 +295,8 @@ def table_text(summary: dict[str, dict[str, Any]], front: dict[str, list[str]]) 
         lines.append(
             f"| {n}{mark} | {len(r['seeds'])} | {pm(r, 'accuracy')} | {paired_text(r.get('vs_baseline'))} | "
             f"{pm(r, 'client_accuracy_mean')}{spread} | {human_bytes(mean_of(r, 'up_bytes_per_client'))} | "
-            f"{human_bytes(mean_of(r, 'down_bytes_per_client'))} | {mean_of(r, 'rounds') or 0:.0f} | "
+            f"{human_bytes(mean_of(r, 'down_bytes_per_client'))} | "
+            f"{human_bytes(mean_of(r, 'prior_bytes_per_client'))} | {mean_of(r, 'rounds') or 0:.0f} | "
             f"{seconds(r, 'client_seconds_per_client')} | {seconds(r, 'server_seconds')} | "
             f"{seconds(r, 'wall_seconds')} | "
             f"{r['converged'] or '—'} |")
@@ -318,6 +359,8 @@ def shown_options(argv: list[str]) -> list[str]:
     for arg in argv:
         if skip:
             skip = False
+        elif arg == "--refigure":
+            continue
         elif arg.split("=")[0] in ("--out", "--doc", "--runs", "--threads"):
             skip = "=" not in arg
         else:
@@ -338,6 +381,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--doc", default="docs/leaderboard.md", help="the page the setting's table is written into")
     p.add_argument("--runs", default="runs/leaderboard", help="folder of the runs' own folders")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--refigure", action="store_true",
+                   help="read the figures of cells on disk again from their runs' folders (under --runs)")
     return p
 
 
@@ -358,6 +403,11 @@ def main(argv: list[str]) -> None:
     setting, out = setting_name(a), Path(a.out)
     cells_dir = out / "cells"
     cells_dir.mkdir(parents=True, exist_ok=True)
+    if a.refigure:
+        for (entry, seed), flat in configs.items():
+            if cell_file(cells_dir, flat).is_file() and (figs := refigure(flat, clients)) is not None:
+                atomic_write_json(cell_file(cells_dir, flat), {"entry": entry, "seed": seed, "config": flat,
+                                                               "figures": figs})
     todo = {k: f for k, f in configs.items() if not cell_file(cells_dir, f).is_file()}
     print(f"leaderboard {setting}: {len(configs) - len(todo)} of {len(configs)} cells on disk", flush=True)
     if todo:

@@ -534,6 +534,11 @@ def test_leaderboard_cell_figures_leave_the_final_evaluation_out_of_the_methods_
                          "12": {"train": {"up": 450, "down": 1000, "seconds": 3.0},
                                 "evaluate": {"up": 100, "down": 500, "seconds": 0.5}}}}
     f = figures(summary, comm, curve=None)
+    assert f["prior_bytes_per_client"] == 0
+    # a prior shipped in this run (its nodes did not hold it yet) is a one-off, reported beside the method's bytes
+    shipped = {"by_phase": {**comm["by_phase"], "13": {"query.prior": {"up": 8, "down": 700, "seconds": 0.0}}}}
+    g = figures({**summary, "comm": {**summary["comm"], "down_bytes": 3700, "up_bytes": 1008}}, shipped, None, 900)
+    assert (g["down_bytes_per_client"], g["up_bytes_per_client"], g["prior_bytes_per_client"]) == (1000, 425, 900)
     assert f["up_bytes_per_client"] == 425 and f["down_bytes_per_client"] == 1000  # (1000 - 150) / 2, (3000 - 1000) / 2
     assert f["client_seconds_per_client"] == 2.5 and f["server_seconds"] == 4.0 and f["rounds"] == 1
     assert f["accuracy"] == pytest.approx(90.0) and f["client_accuracy_std"] == pytest.approx(10.0)
@@ -578,6 +583,11 @@ def test_leaderboard_runs_each_cell_once_and_a_second_call_only_reads_them(tmp_p
     assert "| FedAvg ◆ ⧗ | 1 |" in page and "--out" not in page and "--set partitioner.per-class=2" in page
     monkeypatch.setattr(leaderboard, "run_cell", lambda *a: pytest.fail("a cell on disk ran again"))
     leaderboard.main(args)
+    cell = next((tmp_path / "out" / "cells").glob("fedavg-*.json"))
+    stale = json.loads(cell.read_text())
+    cell.write_text(json.dumps({**stale, "figures": {**stale["figures"], "accuracy": -1.0}}))
+    leaderboard.main([*args, "--refigure"])  # read again from the run's folder, not run again
+    assert json.loads(cell.read_text())["figures"] == fedavg
 
     def broken(flat, clients):
         raise RuntimeError("node gone")
