@@ -101,7 +101,9 @@ def cell_config(a: argparse.Namespace, entry: str, seed: int) -> dict[str, Any]:
     overrides = parse_set(a.set)
     flat.update(overrides)
     if flat["method"] in ROUND_BASED:  # the clients evaluate once, at the end
-        flat["evaluate-every"] = flat.get("num-server-rounds", 5)
+        from fedapp.config import all_defaults
+
+        flat["evaluate-every"] = flat.get("num-server-rounds", all_defaults()["num-server-rounds"])
     return flat
 
 
@@ -131,7 +133,7 @@ def figures(summary: dict[str, Any], comm: dict[str, Any], curve: list[float] | 
     downloads once) stands beside them instead."""
     m, totals, clients = summary["metrics"], summary["comm"], summary["num_clients"]
     ev, shipped = phase_cost(comm, EVALUATE), phase_cost(comm, PRIOR)
-    ev = {k: ev[k] + shipped[k] for k in ev}
+    left_out = {k: ev[k] + shipped[k] for k in ev}
     per_client = [100 * v for v in (m.get("per_client_accuracy") or {}).values()]
     rounds = 0 if m.get("oracle") else (len(curve) if curve is not None else 1)
     client_seconds = totals.get("compute_seconds", 0.0)
@@ -140,11 +142,11 @@ def figures(summary: dict[str, Any], comm: dict[str, Any], curve: list[float] | 
         "client_accuracy_mean": statistics.fmean(per_client) if per_client else None,
         "client_accuracy_std": statistics.pstdev(per_client) if per_client else None,
         "per_client_accuracy": per_client,
-        "up_bytes_per_client": (totals["up_bytes"] - ev["up"]) / clients,
-        "down_bytes_per_client": (totals["down_bytes"] - ev["down"]) / clients,
+        "up_bytes_per_client": (totals["up_bytes"] - left_out["up"]) / clients,
+        "down_bytes_per_client": (totals["down_bytes"] - left_out["down"]) / clients,
         "prior_bytes_per_client": prior_bytes if any(PRIOR in p for p in comm.get("by_phase", {}).values()) else 0,
         "rounds": rounds,
-        "client_seconds_per_client": (client_seconds - ev["seconds"]) / clients,
+        "client_seconds_per_client": (client_seconds - left_out["seconds"]) / clients,
         "server_seconds": summary["wall_seconds"] - client_seconds,
         "wall_seconds": summary["wall_seconds"],
         "verdict": classification_verdict(curve) if curve is not None else None,
