@@ -11,7 +11,8 @@ the run's summary.json and comm.json:
 - global test accuracy, and the clients' accuracy on their own real test splits (mean and std over clients;
   the FedAvg family asks its clients once, in the last round: `evaluate-every` = `num-server-rounds`);
 - bytes up and down per client, mean over clients: the method's own, without the final federated
-  evaluation's (a model down and an accuracy up, the same for every entry);
+  evaluation's (a model down and an accuracy up, the same for every entry) and without the built-in prior's
+  shipment, a one-off per node reported in its own column (the prior's record bytes);
 - rounds (one-shot methods 1, the centralised oracle 0: it uploads nothing);
 - client compute seconds per client (each reply's own wall time, fedapp.protocols.SECONDS_KEY, evaluation
   left out), the server's seconds (the run's wall time less all client compute: in-process the clients run
