@@ -362,7 +362,7 @@ def shown_options(argv: list[str]) -> list[str]:
     for arg in argv:
         if skip:
             skip = False
-        elif arg == "--refigure":
+        elif arg in ("--refigure", "--no-run"):
             continue
         elif arg.split("=")[0] in ("--out", "--doc", "--runs", "--threads"):
             skip = "=" not in arg
@@ -384,6 +384,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--doc", default="docs/leaderboard.md", help="the page the setting's table is written into")
     p.add_argument("--runs", default="runs/leaderboard", help="folder of the runs' own folders")
     p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--no-run", action="store_true",
+                   help="run no cell: write the table, plot and page from the cells already on disk")
     p.add_argument("--refigure", action="store_true",
                    help="read the figures of cells on disk again from their runs' folders (under --runs)")
     return p
@@ -413,6 +415,8 @@ def main(argv: list[str]) -> None:
                                                                "figures": figs})
     todo = {k: f for k, f in configs.items() if not cell_file(cells_dir, f).is_file()}
     print(f"leaderboard {setting}: {len(configs) - len(todo)} of {len(configs)} cells on disk", flush=True)
+    if a.no_run:  # the table of the cells on disk; each entry's seeds column says how many it has
+        todo = {}
     if todo:
         warm_priors(list(todo.values()))
     failed = {}

@@ -592,7 +592,10 @@ def test_leaderboard_runs_each_cell_once_and_a_second_call_only_reads_them(tmp_p
     def broken(flat, clients):
         raise RuntimeError("node gone")
 
-    monkeypatch.setattr(leaderboard, "run_cell", broken)  # a new seed's cells fail: reported, the rest still written
+    monkeypatch.setattr(leaderboard, "run_cell", broken)
+    leaderboard.main([*args[:5], "0,1", *args[6:], "--no-run"])  # the cells on disk only: nothing runs, none fails
+    assert json.loads((tmp_path / "out" / "leaderboard_digit-styles-domain.json").read_text())["failed_cells"] == {}
+    # a new seed's cells fail: reported, the rest still written
     leaderboard.main([*args[:5], "0,1", *args[6:]])
     table = json.loads((tmp_path / "out" / "leaderboard_digit-styles-domain.json").read_text())
     assert table["failed_cells"] == {"FedAvg, seed 1": "RuntimeError: node gone",
