@@ -145,13 +145,18 @@ def figures(summary: dict[str, Any], comm: dict[str, Any], curve: list[float] | 
         "per_client_accuracy": per_client,
         "up_bytes_per_client": (totals["up_bytes"] - left_out["up"]) / clients,
         "down_bytes_per_client": (totals["down_bytes"] - left_out["down"]) / clients,
-        "prior_bytes_per_client": prior_bytes if any(PRIOR in p for p in comm.get("by_phase", {}).values()) else 0,
+        "prior_bytes_per_client": prior_bytes if ships_prior(comm) else 0,
         "rounds": rounds,
         "client_seconds_per_client": (client_seconds - left_out["seconds"]) / clients,
         "server_seconds": summary["wall_seconds"] - client_seconds,
         "wall_seconds": summary["wall_seconds"],
         "verdict": classification_verdict(curve) if curve is not None else None,
     }
+
+
+def ships_prior(comm: dict[str, Any]) -> bool:
+    """Whether the run's method asks its nodes for the built-in prior (whether or not they held it already)."""
+    return any(PRIOR in phases for phases in comm.get("by_phase", {}).values())
 
 
 def run_cell(flat: dict[str, Any], clients: int) -> dict[str, Any]:
@@ -172,7 +177,7 @@ def run_figures(flat: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]
     """A finished run's figures, from what it wrote."""
     comm = json.loads((Path(summary["run_dir"]) / "comm.json").read_text())
     curve = accuracy_curve(summary) if flat["method"] in ROUND_BASED else None
-    return figures(summary, comm, curve, prior_record_bytes(flat))
+    return figures(summary, comm, curve, prior_record_bytes(flat) if ships_prior(comm) else 0)
 
 
 def refigure(flat: dict[str, Any], clients: int) -> dict[str, Any] | None:
