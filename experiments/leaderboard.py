@@ -72,6 +72,9 @@ SETTINGS = {
 }
 EVALUATE = "evaluate"  # the federated evaluation's message type (fedapp.protocols.classify.EVALUATE)
 PRIOR = "query.prior"  # the built-in prior's shipment (fedapp.protocols.espresso.PRIOR): once per node, ever
+# methods whose clients read the prior but load it from their own disk (a deployed node builds or copies it,
+# docs/feddifrc.md): nothing ships, yet each client holds it as an Espresso client does
+CLIENTS_LOAD_PRIOR = ("feddifrc",)
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -131,7 +134,7 @@ def figures(summary: dict[str, Any], comm: dict[str, Any], curve: list[float] | 
     """A cell's figures from its run's summary.json and comm.json (and accuracy curve, multi-round runs). The
     final evaluation and the prior's shipment are left out of the method's bytes: a node keeps a shipped prior,
     so whether a run ships it depends on the runs before it; `prior_bytes` (the prior's records, what a client
-    downloads once) stands beside them instead."""
+    downloads or copies once; 0 when its clients need no prior) stands beside them instead."""
     m, totals, clients = summary["metrics"], summary["comm"], summary["num_clients"]
     ev, shipped = phase_cost(comm, EVALUATE), phase_cost(comm, PRIOR)
     left_out = {k: ev[k] + shipped[k] for k in ev}
@@ -145,7 +148,7 @@ def figures(summary: dict[str, Any], comm: dict[str, Any], curve: list[float] | 
         "per_client_accuracy": per_client,
         "up_bytes_per_client": (totals["up_bytes"] - left_out["up"]) / clients,
         "down_bytes_per_client": (totals["down_bytes"] - left_out["down"]) / clients,
-        "prior_bytes_per_client": prior_bytes if ships_prior(comm) else 0,
+        "prior_bytes_per_client": prior_bytes,
         "rounds": rounds,
         "client_seconds_per_client": (client_seconds - left_out["seconds"]) / clients,
         "server_seconds": summary["wall_seconds"] - client_seconds,
@@ -177,7 +180,8 @@ def run_figures(flat: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]
     """A finished run's figures, from what it wrote."""
     comm = json.loads((Path(summary["run_dir"]) / "comm.json").read_text())
     curve = accuracy_curve(summary) if flat["method"] in ROUND_BASED else None
-    return figures(summary, comm, curve, prior_record_bytes(flat) if ships_prior(comm) else 0)
+    holds = ships_prior(comm) or flat["method"] in CLIENTS_LOAD_PRIOR
+    return figures(summary, comm, curve, prior_record_bytes(flat) if holds else 0)
 
 
 def refigure(flat: dict[str, Any], clients: int) -> dict[str, Any] | None:

@@ -524,6 +524,7 @@ def test_leaderboard_pareto_front_keeps_exactly_the_points_nothing_dominates():
 
 
 def test_leaderboard_cell_figures_leave_the_final_evaluation_out_of_the_methods_cost():
+    from experiments import leaderboard
     from experiments.leaderboard import figures, summarise
 
     summary = {"num_clients": 2, "wall_seconds": 10.0,
@@ -537,6 +538,7 @@ def test_leaderboard_cell_figures_leave_the_final_evaluation_out_of_the_methods_
     assert f["prior_bytes_per_client"] == 0
     # a prior shipped in this run (its nodes did not hold it yet) is a one-off, reported beside the method's bytes
     shipped = {"by_phase": {**comm["by_phase"], "13": {"query.prior": {"up": 8, "down": 700, "seconds": 0.0}}}}
+    assert leaderboard.ships_prior(shipped) and not leaderboard.ships_prior(comm)
     g = figures({**summary, "comm": {**summary["comm"], "down_bytes": 3700, "up_bytes": 1008}}, shipped, None, 900)
     assert (g["down_bytes_per_client"], g["up_bytes_per_client"], g["prior_bytes_per_client"]) == (1000, 425, 900)
     assert f["up_bytes_per_client"] == 425 and f["down_bytes_per_client"] == 1000  # (1000 - 150) / 2, (3000 - 1000) / 2
