@@ -318,3 +318,18 @@ def test_fraction_evaluate_zero_runs_rounds_with_the_global_test_set_only(tmp_pa
                              "fraction-evaluate": 0.0, "out-dir": str(tmp_path)}, 3)
     assert s["status"] == "completed" and s["failures"] == [] and "evaluate" not in s["phase_seconds"]
     assert "accuracy" in s["metrics"] and "client_accuracy" not in s["metrics"]
+
+
+def test_a_resumed_runs_comm_adds_the_stopped_parts_counts_and_keeps_compute_seconds_an_older_checkpoint_lacks(
+        tmp_path):
+    from fedapp.server.checkpoint import Checkpoint
+
+    earlier = {"per_client": {"0": {"up_bytes": 10, "down_bytes": 20, "messages_up": 1, "messages_down": 1}}}
+    run = ServerRun(cfg=parse_run_config({"out-dir": str(tmp_path)}), out=RunDir(tmp_path / "r"),
+                    resume_from=Checkpoint(round=1, state={}, progress=earlier))
+    run.node_partition[7] = 0
+    run.ledger.add("7", "train", "up", 5)
+    run.ledger.add_seconds("7", "train", 2.5)
+    comm = run.comm()
+    assert comm["per_client"]["0"]["up_bytes"] == 15 and comm["per_client"]["0"]["messages_up"] == 2
+    assert comm["per_client"]["0"]["compute_seconds"] == 2.5 and comm["compute_seconds"] == 2.5
