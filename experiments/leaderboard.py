@@ -55,7 +55,6 @@ ENTRIES = {
 }
 ORACLES = ("Centralised",)  # a reference line in the plots, never on a Pareto front (it uploads nothing)
 BASELINE = "FedAvg"  # every entry's same-seed accuracy difference is against it
-ROUND_BASED = ("fedavg", "fedprox", "moon", "feddifrc")
 # partitioner -> the clients, data keys and the multi-round budget its own table found converged
 SETTINGS = {
     # Espresso's tables (docs/espresso.md): 4 clients, one style each, 16 images a class; FedAvg reference
@@ -75,6 +74,13 @@ PRIOR = "query.prior"  # the built-in prior's shipment (fedapp.protocols.espress
 # methods whose clients read the prior but load it from their own disk (a deployed node builds or copies it,
 # docs/feddifrc.md): nothing ships, yet each client holds it as an Espresso client does
 CLIENTS_LOAD_PRIOR = ("feddifrc",)
+
+
+def round_based(method: str) -> bool:
+    """A method on Flower's FedAvg round loop (it samples clients, has rounds and a per-round curve)."""
+    from fedapp import registry
+
+    return registry.METHODS[method].samples_clients
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -99,12 +105,12 @@ def cell_config(a: argparse.Namespace, entry: str, seed: int) -> dict[str, Any]:
             "device": "cpu", "out-dir": a.runs, "run-name": f"{slug(entry)}-s{seed}", **ENTRIES[entry]}
     if a.partitioner == "dirichlet":
         flat["partitioner.alpha"] = a.alpha
-    if flat["method"] in ROUND_BASED:
+    if round_based(flat["method"]):
         flat.update(setting["rounds"])
         flat["fraction-evaluate"] = 1.0
     overrides = parse_set(a.set)
     flat.update(overrides)
-    if flat["method"] in ROUND_BASED:  # the clients evaluate once, at the end
+    if round_based(flat["method"]):  # the clients evaluate once, at the end
         from fedapp.config import all_defaults
 
         flat["evaluate-every"] = flat.get("num-server-rounds", all_defaults()["num-server-rounds"])
@@ -179,7 +185,7 @@ def run_cell(flat: dict[str, Any], clients: int) -> dict[str, Any]:
 def run_figures(flat: dict[str, Any], summary: dict[str, Any]) -> dict[str, Any]:
     """A finished run's figures, from what it wrote."""
     comm = json.loads((Path(summary["run_dir"]) / "comm.json").read_text())
-    curve = accuracy_curve(summary) if flat["method"] in ROUND_BASED else None
+    curve = accuracy_curve(summary) if round_based(flat["method"]) else None
     holds = ships_prior(comm) or flat["method"] in CLIENTS_LOAD_PRIOR
     return figures(summary, comm, curve, prior_record_bytes(flat) if holds else 0)
 
