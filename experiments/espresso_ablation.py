@@ -40,7 +40,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.common import (check_configs, check_cpu_budget, config_errors_exit, paired_difference, paired_text,
+from experiments.common import (accuracy_curve, all_converged, check_configs, check_cpu_budget,
+                                classification_verdict, config_errors_exit, paired_difference, paired_text,
                                 parse_set, prog, quiet_logs)
 from fedapp.results import atomic_write_json
 
@@ -118,11 +119,22 @@ def synthetic_set(run_dir: str) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
 def accuracies(summary: dict[str, Any], method: str) -> dict[str, Any]:
     """The row's figures from summary.json: global test accuracy, per domain, their mean, the training set size
     (synthetic rows: the synthetic set; the ceiling: the union of the real shards; FedAvg: None, it trains on
-    the clients)."""
+    the clients) and, for FedAvg, its convergence verdict from its per-round accuracy curve."""
     m = summary["metrics"]
     num_train = None if method == "fedavg" else m["num_train"] if m.get("oracle") else m["num_synthetic"]
-    return {"accuracy": m["accuracy"], "domain_accuracy": m["domain_accuracy"],
-            "mean_domain_accuracy": float(np.mean(list(m["domain_accuracy"].values()))), "num_train": num_train}
+    out = {"accuracy": m["accuracy"], "domain_accuracy": m["domain_accuracy"],
+           "mean_domain_accuracy": float(np.mean(list(m["domain_accuracy"].values()))), "num_train": num_train}
+    if method == "fedavg":
+        out["verdict"] = classification_verdict(accuracy_curve(summary))
+    return out
+
+
+def reference_converged(per_seed: dict[str, dict]) -> dict[str, Any] | None:
+    """Whether the FedAvg reference row converged on every seed that kept a verdict (rows measured before
+    verdicts were kept have none and are not counted); None when no seed has one."""
+    verdicts = [r["results"]["FedAvg"]["verdict"] for r in per_seed.values()
+                if "verdict" in r.get("results", {}).get("FedAvg", {})]
+    return all_converged(verdicts) if verdicts else None
 
 
 def prior_build(flat: dict[str, Any]) -> str | None:
@@ -216,6 +228,9 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
         saved = row_file(flat, args)
         if args.resume and saved.is_file():  # finished before a stop: its figures, not a second run
             row = json.loads(saved.read_text())
+            curve_kept = Path(row["run_dir"], "metrics.jsonl").is_file()
+            if method == "fedavg" and "verdict" not in row["results"] and curve_kept:  # a row from before verdicts
+                row["results"]["verdict"] = classification_verdict(accuracy_curve(row))
             results[name], seconds[name] = row["results"], row["seconds"]
             if keep_images and name in PANELS and Path(row["run_dir"], SYNTHETIC_FILE).is_file():
                 images.update({(name, shards[p].meta["domain"]): xy
@@ -243,9 +258,12 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
         seconds[name] = {"wall": round(time.time() - t0, 1), **summary["phase_seconds"],
                          "client_calls_reused": cache.hits - hits, "client_calls_run": cache.misses - misses}
         atomic_write_json(saved, {"results": results[name], "seconds": seconds[name], "run_dir": summary["run_dir"]})
+        verdict = results[name].get("verdict")
         print(f"  seed {seed}: {name:12s} mean-domain acc {results[name]['mean_domain_accuracy']:.4f} "
               f"({seconds[name]['wall']} s; client calls: {seconds[name]['client_calls_run']} run, "
-              f"{seconds[name]['client_calls_reused']} reused)", flush=True)
+              f"{seconds[name]['client_calls_reused']} reused)" + (
+                  f"; {'' if verdict['converged'] else 'not '}converged: {verdict['reason']}" if verdict else ""),
+              flush=True)
     if keep_images:
         images["real"] = {s.meta["domain"]: (s.train.x, s.train.y) for s in shards}
     out = {"results": results, "seconds": seconds}
@@ -465,6 +483,7 @@ def main(argv: list[str]) -> None:
                    "fidelity from its synthetic.safetensors",
             "accuracy": "percent on the server's global test set; avg = mean over the four domains",
             "summary": summary, "paired": paired_steps(per_seed), "table_markdown": md,
+            "fedavg_reference_converged": reference_converged(per_seed),
             "fidelity_markdown": fidelity_table(per_seed),
             "per_seed": per_seed,
             "paper_domainnet": PAPER_DOMAINNET})

@@ -478,6 +478,8 @@ def test_ablation_command_writes_every_row_table_and_figures(tmp_path, prior_dir
         rounds = [json.loads(line)["round"] for line in (tmp_path / "runs" / f"fedavg-s{seed}" / "metrics.jsonl")
                   .read_text().splitlines()]
         assert rounds[-1] == 2 and fedavg["num_train"] is None and "class_fidelity" not in fedavg
+        # its verdict reads its own per-round curve: 2 rounds are too short to call it converged
+        assert fedavg["verdict"] == {"converged": False, "reason": "too short", "rounds": 2}
         assert fedavg["mean_domain_accuracy"] == pytest.approx(np.mean(list(fedavg["domain_accuracy"].values())))
         for name in rows[:-1]:
             r = res["results"][name]
@@ -492,6 +494,8 @@ def test_ablation_command_writes_every_row_table_and_figures(tmp_path, prior_dir
     assert out["summary"]["C"]["avg"]["mean"] == pytest.approx(np.mean(accs))
     assert out["summary"]["C"]["avg"]["std"] == pytest.approx(np.std(accs))
     assert out["table_markdown"].count("\n") == len(rows) + 1  # header, rule, one line per row
+    assert out["fedavg_reference_converged"] == {"converged": False, "reason": "too short", "seeds": 2,
+                                                 "converged_seeds": 0}
     assert (tmp_path / "espresso_ablation.png").stat().st_size > 0
     assert len(list(tmp_path.glob("espresso_synthetic_*.png"))) == 2  # one grid per client domain
     assert out["fidelity_markdown"].count("\n") == len(rows)  # every row but FedAvg's
