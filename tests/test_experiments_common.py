@@ -591,15 +591,19 @@ def test_leaderboard_runs_each_cell_once_and_a_second_call_only_reads_them(tmp_p
     leaderboard.main([*args, "--refigure"])  # read again from the run's folder, not run again
     assert json.loads(cell.read_text())["figures"] == fedavg
 
+    tried = []
+
     def broken(flat, clients):
+        tried.append(flat["run-name"])
         raise RuntimeError("node gone")
 
     monkeypatch.setattr(leaderboard, "run_cell", broken)
     leaderboard.main([*args[:5], "0,1", *args[6:], "--no-run"])  # the cells on disk only: nothing runs, none fails
     assert json.loads((tmp_path / "out" / "leaderboard_digit-styles-domain.json").read_text())["failed_cells"] == {}
-    # a new seed's cells fail: reported, the rest still written
-    leaderboard.main([*args[:5], "0,1", *args[6:]])
+    # new seeds' cells fail: reported, the rest still written; a seed's entries run before the next seed's
+    leaderboard.main([*args[:5], "0,1,2", *args[6:]])
+    assert tried == ["fedavg-s1", "centralised-s1", "fedavg-s2", "centralised-s2"]
     table = json.loads((tmp_path / "out" / "leaderboard_digit-styles-domain.json").read_text())
-    assert table["failed_cells"] == {"FedAvg, seed 1": "RuntimeError: node gone",
-                                     "Centralised, seed 1": "RuntimeError: node gone"}
+    assert table["failed_cells"] == {f"{e}, seed {s}": "RuntimeError: node gone" for s in (1, 2)
+                                     for e in ("FedAvg", "Centralised")}
     assert table["summary"]["FedAvg"]["seeds"] == ["0"]
