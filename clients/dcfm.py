@@ -18,6 +18,7 @@ from fedapp.models.compose import (attribute_labels, build_velocity, ci_penalty,
                                    peer_ci_penalty, sample_route)
 from fedapp.models.checkpoints import Checkpoints, OnCheckpoint
 from fedapp.models.flow import VelocityNet, sample_path, target_velocity
+from fedapp.progress import track
 from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY, ROUND_KEY, RUN_KEY
 from fedapp.protocols import dcfm as P
 
@@ -38,7 +39,8 @@ def train_expert(model: VelocityNet, x: torch.Tensor, y: torch.Tensor, *, steps:
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     ids = sorted({self_index, *(peers or {})})  # the experts a route may pick (a dropped peer is absent)
     sums = {"fm": 0.0, "ci": 0.0}
-    for step in range(steps):
+    # minutes a message at real sizes (2,000 steps ~10 min on one core): a progress line now and then
+    for step in track(range(steps), "peer-CI steps" if peers else "expert steps", eta=True):
         idx = torch.randint(len(x), (min(batch, len(x)),), generator=gen)
         x1, yb = x[idx].to(device), y[idx].to(device)
         x0 = torch.randn(x1.shape, generator=gen).to(device)

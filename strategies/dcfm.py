@@ -25,6 +25,7 @@ import torch
 from flwr.app import ArrayRecord
 
 from fedapp.models.compose import ci_penalty, composite_field, mask_labels, mixture_composite
+from fedapp.progress import track
 from fedapp.protocols import ARRAYS_KEY, ROUND_KEY
 from fedapp.protocols import dcfm as P
 from fedapp.server.checkpoint import save_model
@@ -89,7 +90,7 @@ def distill_student(student, buf: dict[str, torch.Tensor], *, steps: int, batch:
     student.to(device).train()
     opt_ = torch.optim.AdamW(student.parameters(), lr=lr, weight_decay=0.0)
     tot = {"student": 0.0, "student_ci": 0.0}
-    for _ in range(steps):
+    for _ in track(range(steps), "distillation steps", eta=True):
         idx = torch.randint(len(buf["x"]), (min(batch, len(buf["x"])),), generator=g)
         x, t, y = buf["x"][idx], buf["t"][idx], buf["y"][idx]
         y_m = mask_labels(y.cpu(), *pi, generator=g).to(device)

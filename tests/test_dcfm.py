@@ -157,6 +157,29 @@ def test_local_training_with_peer_ci_leaves_peers_unchanged():
     assert all(torch.equal(before[k], v) for k, v in peer.state_dict().items())
 
 
+def test_expert_training_reports_its_progress_for_its_client(fedapp_log, monkeypatch):
+    """A 2,000-step expert is minutes of one core: the log carries `client K: expert steps i/n`, the
+    peer-CI loop and the server's distillation theirs."""
+    from fedapp import progress
+
+    monkeypatch.setattr(progress, "EVERY_SECONDS", float("inf"))  # the count rule only: a loaded machine adds none
+    torch.manual_seed(0)
+    own, peer = (VectorVelocityNet(dim=2, attribute_sizes=[2, 2], hidden=8) for _ in range(2))
+    x, y = torch.randn(16, 2), torch.randint(0, 2, (16, 2))
+    with progress.client_scope(3):
+        train_expert(own, x, y, steps=20, batch=8, lr=1e-2, pi=(1.0, 0.0, 0.0), lambda_ci=0.0, seed=0)
+        train_expert(own, x, y, steps=10, batch=8, lr=1e-2, pi=(1.0, 0.0, 0.0), lambda_ci=1.0, seed=0,
+                     peers={1: peer}, self_index=0)
+    from strategies.dcfm import distill_student  # DCFM-B's student, on the server: no client prefix
+
+    buf = {"x": x, "t": torch.rand(16), "y": y, "v": torch.randn(16, 2)}
+    distill_student(own, buf, steps=5, batch=8, lr=1e-3, pi=(1.0, 0.0, 0.0), lambda_ci=0.0, seed=0)
+    lines = [r.getMessage().split(",")[0] for r in fedapp_log.records]
+    assert lines == ([f"client 3: expert steps {i}/20" for i in range(2, 21, 2)]
+                     + [f"client 3: peer-CI steps {i}/10" for i in range(1, 11)]
+                     + [f"distillation steps {i}/5" for i in range(1, 6)])
+
+
 def test_toy_dcfm_a_aligns_the_experts_unconditional_fields_and_fedflow_misses_the_mode():
     """The toy at the run config's defaults, seed 0 (docs/dcfm.md has 5 seeds)."""
     from experiments.dcfm_toy import run_toy
