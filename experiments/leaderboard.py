@@ -438,7 +438,11 @@ def main(argv: list[str]) -> None:
         todo = {}
     if todo:
         warm_priors(list(todo.values()))
-    failed = {}
+    failed: dict[str, str] = {}
+
+    def publish() -> str:  # after every cell, so that a table cut short has its finished cells on the page
+        return write_outputs(a, argv, configs, shown, cells_dir, failed)
+
     for (entry, seed), flat in todo.items():
         print(f"cell {entry}, seed {seed}", flush=True)
         try:
@@ -450,18 +454,28 @@ def main(argv: list[str]) -> None:
         atomic_write_json(cell_file(cells_dir, flat), {"entry": entry, "seed": seed, "config": flat, "figures": figs})
         print(f"cell {entry}, seed {seed}: accuracy {figs['accuracy']:.2f} %, "
               f"{figs['up_bytes_per_client']:,.0f} bytes up a client, {figs['wall_seconds']:.0f} s", flush=True)
+        publish()
+    print(publish(), flush=True)
+
+
+def write_outputs(a: argparse.Namespace, argv: list[str], configs: dict[tuple[str, int], dict[str, Any]],
+                  shown: list[str], cells_dir: Path, failed: dict[str, str]) -> str:
+    """The setting's JSON, plot and page block from the cells on disk (a failed cell is left out and runs
+    again next time); returns the table's markdown."""
+    setting, out, clients = setting_name(a), Path(a.out), SETTINGS[a.partitioner]["clients"]
     cells: dict[str, dict[str, dict[str, Any]]] = {}
     for (entry, seed), flat in sorted(configs.items(), key=lambda kv: shown.index(kv[0][0])):
-        if cell_file(cells_dir, flat).is_file():  # a failed cell is left out (and runs again next time)
+        if cell_file(cells_dir, flat).is_file():
             cells.setdefault(entry, {})[str(seed)] = json.loads(cell_file(cells_dir, flat).read_text())["figures"]
     summary = summarise(cells)
     front = fronts(summary)
     text = table_text(summary, front)
+    seeds = list(dict.fromkeys(s for _, s in configs))
     atomic_write_json(out / f"leaderboard_{setting}.json",
                       {"setting": {"dataset": a.dataset, "partitioner": a.partitioner, "clients": clients,
                                    **({"alpha": a.alpha} if a.partitioner == "dirichlet" else {}),
                                    "seeds": seeds, "set": a.set, "budgets": SETTINGS[a.partitioner]},
-                       "entries": {e: ENTRIES[e] for e in entries}, "summary": summary, "pareto": front,
+                       "entries": {e: ENTRIES[e] for e in shown}, "summary": summary, "pareto": front,
                        "cells": cells, "failed_cells": failed, "table_markdown": text})
     plot(summary, front, out / f"leaderboard_{setting}.png", setting)
     command = "python -m experiments leaderboard " + " ".join(shown_options(argv))
@@ -470,4 +484,4 @@ def main(argv: list[str]) -> None:
     if png.resolve().is_relative_to(Path(a.doc).resolve().parent):  # the page shows the plot beside its table
         block += f"\n\n![{setting}]({png.resolve().relative_to(Path(a.doc).resolve().parent).as_posix()})"
     write_doc(Path(a.doc), setting, block)
-    print(text, flush=True)
+    return text

@@ -572,6 +572,18 @@ def test_leaderboard_runs_each_cell_once_and_a_second_call_only_reads_them(tmp_p
     args = ["--dataset", "digit-styles", "--partitioner", "domain", "--seeds", "0", "--entries", "FedAvg,Centralised",
             "--out", str(tmp_path / "out"), "--doc", str(tmp_path / "leaderboard.md"), "--runs", str(tmp_path / "runs"),
             "--set", "partitioner.per-class=2", "num-server-rounds=2", "local-epochs=1", "server-epochs=1"]
+    real_run = leaderboard.run_cell
+
+    def cut_at_the_oracle(flat, clients):
+        if flat["method"] == "centralized":
+            raise KeyboardInterrupt  # the session's end, mid-table
+        return real_run(flat, clients)
+
+    monkeypatch.setattr(leaderboard, "run_cell", cut_at_the_oracle)
+    with pytest.raises(KeyboardInterrupt):
+        leaderboard.main(args)
+    assert "| FedAvg ◆ ⧗ | 1 |" in (tmp_path / "leaderboard.md").read_text()  # on the page as soon as it finished
+    monkeypatch.setattr(leaderboard, "run_cell", real_run)
     leaderboard.main(args)
     table = json.loads((tmp_path / "out" / "leaderboard_digit-styles-domain.json").read_text())
     fedavg, oracle = table["cells"]["FedAvg"]["0"], table["cells"]["Centralised"]["0"]
