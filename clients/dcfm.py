@@ -14,8 +14,8 @@ import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedapp.client_context import ClientContext
-from fedapp.models.compose import (attribute_labels, build_velocity, ci_penalty, mask_labels, pair_counts,
-                                   peer_ci_penalty, sample_route)
+from fedapp.models.compose import (attribute_labels, build_velocity, ci_penalty, ci_sample, mask_labels,
+                                   pair_counts, peer_ci_penalty, sample_route)
 from fedapp.models.checkpoints import Checkpoints, OnCheckpoint
 from fedapp.models.flow import VelocityNet, sample_path, target_velocity
 from fedapp.progress import track
@@ -27,12 +27,13 @@ def train_expert(model: VelocityNet, x: torch.Tensor, y: torch.Tensor, *, steps:
                  pi: tuple[float, float, float], lambda_ci: float, seed: int, device: str = "cpu",
                  peers: dict[int, Callable] | None = None, self_index: int = 0,
                  peer_counts: dict[int, torch.Tensor] | None = None, routes_per_batch: int = 1,
-                 route_mask: bool = True, checkpoints: Iterable[int] = (),
+                 route_mask: bool = True, ci_batch: int = 0, checkpoints: Iterable[int] = (),
                  on_checkpoint: OnCheckpoint | None = None) -> dict[str, float]:
     """L = L_FM(y ⊙ m) + lambda * L_CI (Stage I, eq. 11), or + lambda * L_peerCI when peers are given
     (variant A: `routes_per_batch` routing vectors per step; `route_mask` leaves out routes to experts
     that never saw the value, judged by `peer_counts`). lambda_ci = 0 is plain masked conditional flow
-    matching (the baselines). on_checkpoint(k, model, L_FM) after step k of `checkpoints` (a budget sweep)."""
+    matching (the baselines). `ci_batch` > 0 estimates the CI term on that many of the minibatch's samples
+    (ci_sample). on_checkpoint(k, model, L_FM) after step k of `checkpoints` (a budget sweep)."""
     gen = torch.Generator().manual_seed(seed)
     ckpt = Checkpoints(checkpoints, on_checkpoint)
     model.to(device).train()
@@ -50,13 +51,14 @@ def train_expert(model: VelocityNet, x: torch.Tensor, y: torch.Tensor, *, steps:
         fm = (model(x_t, t, y_m) - target_velocity(x0, x1)).pow(2).mean()  # L_FM
         loss, ci = fm, torch.zeros(())
         if lambda_ci > 0:
+            xc, tc, yc = ci_sample(ci_batch, x_t, t, yb)
             if peers:
                 routes = [[ids[j] for j in sample_route(len(ids), yb.shape[1], ids.index(self_index), gen)]
                           for _ in range(routes_per_batch)]
                 counts = (peer_counts or {}) if route_mask else None
-                ci = peer_ci_penalty(model, peers, self_index, x_t, t, yb, routes, counts)
+                ci = peer_ci_penalty(model, peers, self_index, xc, tc, yc, routes, counts)
             else:
-                ci = ci_penalty(model, x_t, t, yb)
+                ci = ci_penalty(model, xc, tc, yc)
             loss = fm + lambda_ci * ci
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -109,7 +111,7 @@ def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
     if ARRAYS_KEY in msg.content.array_records:
         _load(model, msg.content.array_records[ARRAYS_KEY])
     stats = train_expert(model, x, y, steps=steps, batch=ctx.cfg.batch_size, lr=opts.lr,
-                         pi=opts.pi, lambda_ci=lam,
+                         pi=opts.pi, lambda_ci=lam, ci_batch=opts.ci_batch,
                          seed=ctx.seed_for(rnd, 1), device=ctx.device)
     if ctx.state is not None:
         ctx.state[P.STATE_EXPERT] = ArrayRecord(model.cpu().state_dict())
@@ -140,7 +142,8 @@ def handle_peer(msg: Message, ctx: ClientContext) -> RecordDict:
                          pi=opts.pi, lambda_ci=opts.lambda_ci,
                          seed=ctx.seed_for(rnd, 2), device=ctx.device, peers=peers,
                          self_index=ctx.partition_id, peer_counts=counts,
-                         routes_per_batch=opts.routes_per_batch, route_mask=opts.route_mask)
+                         routes_per_batch=opts.routes_per_batch, route_mask=opts.route_mask,
+                         ci_batch=opts.ci_batch)
     ctx.state[P.STATE_EXPERT] = ArrayRecord(own.cpu().state_dict())
     return _reply(own, counts[ctx.partition_id], stats, len(x))
 

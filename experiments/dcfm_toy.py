@@ -66,18 +66,20 @@ def fedavg(models: list) -> dict:
     return {k: sum(s[k] for s in sd) / len(sd) for k in sd[0]}
 
 
-def local_experts(data: dict, steps: int, lambda_ci: float, pi: tuple, seed: int) -> dict:
+def local_experts(data: dict, steps: int, lambda_ci: float, pi: tuple, seed: int, ci_batch: int = 0) -> dict:
     """Stage I: each client's expert with L_FM + lambda L_CI on its own data."""
     experts = {}
     for a in data:
         m = toy_net(seed)
-        train_expert(m, *data[a], steps=steps, batch=BATCH, lr=LR, pi=pi, lambda_ci=lambda_ci, seed=seed + 10 + a)
+        train_expert(m, *data[a], steps=steps, batch=BATCH, lr=LR, pi=pi, lambda_ci=lambda_ci, seed=seed + 10 + a,
+                     ci_batch=ci_batch)
         experts[a] = m.requires_grad_(False)
     return experts
 
 
 def peer_rounds(experts: dict, data: dict, counts: dict, *, rounds: int, peer_steps: int, lambda_ci: float,
-                pi: tuple, routes_per_batch: int, route_mask: bool, seed: int, schedule: str = "allgather") -> None:
+                pi: tuple, routes_per_batch: int, route_mask: bool, seed: int, schedule: str = "allgather",
+                ci_batch: int = 0) -> None:
     """Variant A: R rounds of L_FM + lambda L_peerCI, each expert against frozen copies of the others:
     all from the round's start (allgather) or, sequential, the peers already retrained this round."""
     for r in range(rounds):
@@ -89,7 +91,7 @@ def peer_rounds(experts: dict, data: dict, counts: dict, *, rounds: int, peer_st
             train_expert(e, *data[a], steps=peer_steps, batch=BATCH, lr=LR, pi=pi, lambda_ci=lambda_ci,
                          seed=seed + 20 + 10 * r + a, peers={b: f for b, f in frozen.items() if b != a},
                          self_index=a, peer_counts=counts, routes_per_batch=routes_per_batch,
-                         route_mask=route_mask)
+                         route_mask=route_mask, ci_batch=ci_batch)
             e.requires_grad_(False)
 
 
@@ -116,7 +118,7 @@ def run_toy(steps: int = 400, fl_rounds: int = 20, distill_steps: int = 800, rou
             n: int = 256, lambda_ci: float = DEFAULTS.lambda_ci, pi: tuple = DEFAULTS.pi,
             routes_per_batch: int = DEFAULTS.routes_per_batch, route_mask: bool = DEFAULTS.route_mask,
             replay: str = DEFAULTS.replay, peer_schedule: str = DEFAULTS.peer_schedule,
-            router_steps: int = 400, samples: int = 512, seed: int = 0,
+            ci_batch: int = DEFAULTS.ci_batch, router_steps: int = 400, samples: int = 512, seed: int = 0,
             methods: tuple = ("fedflow", "dcfm-b")) -> dict:
     """FedFlow, DDM, DCFM-A and DCFM-B (those in `methods`) on the two clients; each samples (right, up)."""
     from strategies.dcfm import distill_student, replay_buffer
@@ -147,18 +149,19 @@ def run_toy(steps: int = 400, fl_rounds: int = 20, distill_steps: int = 800, rou
         out["ddm"] = sample(routed_field([plain[a] for a in ids], router, want))
     if not {"dcfm-a", "dcfm-b"} & set(methods):
         return {"samples": out, "mode_share": {k: mode_share(v) for k, v in out.items()}, "data": data, **extra}
-    experts = local_experts(data, steps, lambda_ci, pi, seed)
+    experts = local_experts(data, steps, lambda_ci, pi, seed, ci_batch)
     if "dcfm-b" in methods:  # replay paths of the frozen teachers -> student (eq. 17)
         buf = replay_buffer(experts, counts, (2,), paths=256, steps=10, seed=seed + 1, mode=replay,
                             route_mask=route_mask)
         student = toy_net(seed)
         distill_student(student, buf, steps=distill_steps, batch=BATCH, lr=LR, pi=pi, lambda_ci=lambda_ci,
-                        seed=seed + 2)
+                        seed=seed + 2, ci_batch=ci_batch)
         out["dcfm-b"] = sample(composite_field(student, want))
     if "dcfm-a" in methods:  # R rounds of L_peerCI against frozen copies, then the experts' composite
         extra["uncond_gap_stage1"] = uncond_gap(experts, data, seed + 3)
         peer_rounds(experts, data, counts, rounds=rounds, peer_steps=peer_steps, lambda_ci=lambda_ci, pi=pi,
-                    routes_per_batch=routes_per_batch, route_mask=route_mask, seed=seed, schedule=peer_schedule)
+                    routes_per_batch=routes_per_batch, route_mask=route_mask, seed=seed, schedule=peer_schedule,
+                    ci_batch=ci_batch)
         extra["uncond_gap"] = uncond_gap(experts, data, seed + 3)
         ids = sorted(experts)
         out["dcfm-a"] = sample(mixture_composite([experts[a] for a in ids], [counts[a] for a in ids], want,
@@ -236,6 +239,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--lambda-ci", type=float, default=DEFAULTS.lambda_ci, help="lambda of every CI penalty")
     p.add_argument("--pi", type=floats, default=list(DEFAULTS.pi), help="pi_full,pi_marg,pi_uncond of every mask")
     p.add_argument("--routes-per-batch", type=positive, default=DEFAULTS.routes_per_batch)
+    p.add_argument("--ci-batch", type=int, default=DEFAULTS.ci_batch,
+                   help=f"samples of each minibatch ({BATCH}) the CI terms are estimated on (0: all)")
     p.add_argument("--route-mask", choices=("true", "false"), default=str(DEFAULTS.route_mask).lower())
     p.add_argument("--peer-schedule", choices=("allgather", "sequential"), default=DEFAULTS.peer_schedule)
     p.add_argument("--replay", choices=("teacher", "composite"), default=DEFAULTS.replay, help="DCFM-B's replay paths")
@@ -254,6 +259,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
         p.error(f"--methods={','.join(bad)}: must be among {','.join(METHODS)}")
     if len(a.pi) != 3 or min(a.pi) < 0 or sum(a.pi) <= 0:
         p.error(f"--pi={a.pi}: must be three numbers >= 0 with a positive sum")
+    if a.ci_batch < 0:
+        p.error(f"--ci-batch={a.ci_batch}: must be >= 0 (0: the whole minibatch)")
     if a.lambda_ci < 0 or any(v < 0 for v in a.sweep):
         p.error(f"--lambda-ci / --sweep: must be >= 0 (got {a.lambda_ci}, {a.sweep})")
     return a
@@ -266,7 +273,7 @@ def main(argv: list[str]) -> None:
     settings = dict(steps=a.steps, fl_rounds=a.fl_rounds, distill_steps=a.distill_steps, rounds=a.rounds,
                     peer_steps=a.peer_steps, n=a.points, pi=tuple(a.pi), routes_per_batch=a.routes_per_batch,
                     route_mask=a.route_mask == "true", replay=a.replay, peer_schedule=a.peer_schedule,
-                    samples=a.samples)
+                    samples=a.samples, ci_batch=a.ci_batch)
     seeds = list(range(a.seeds))
     sweep = {}
     for lam in a.sweep:

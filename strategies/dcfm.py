@@ -24,7 +24,7 @@ from typing import Any, Callable
 import torch
 from flwr.app import ArrayRecord
 
-from fedapp.models.compose import ci_penalty, composite_field, mask_labels, mixture_composite
+from fedapp.models.compose import ci_penalty, ci_sample, composite_field, mask_labels, mixture_composite
 from fedapp.progress import track
 from fedapp.protocols import ARRAYS_KEY, ROUND_KEY
 from fedapp.protocols import dcfm as P
@@ -81,7 +81,8 @@ def replay_buffer(experts: dict[int, Any], counts: dict[int, torch.Tensor], shap
 
 
 def distill_student(student, buf: dict[str, torch.Tensor], *, steps: int, batch: int, lr: float,
-                    pi: tuple[float, float, float], lambda_ci: float, seed: int, device: str = "cpu") -> dict:
+                    pi: tuple[float, float, float], lambda_ci: float, seed: int, device: str = "cpu",
+                    ci_batch: int = 0) -> dict:
     """L_DCFM-B = L_student + lambda L_studentCI (eq. 17):
     L_student = E || v_s(x^_t, t, y ⊙ m) - v-bar^(r)(x^_t, y) ||^2 (eq. 15, m ~ p(m) of eq. 8: the student
     sees masked labels, the target is the teacher's velocity of the path's full label, as u_t is in L_FM),
@@ -95,7 +96,7 @@ def distill_student(student, buf: dict[str, torch.Tensor], *, steps: int, batch:
         x, t, y = buf["x"][idx], buf["t"][idx], buf["y"][idx]
         y_m = mask_labels(y.cpu(), *pi, generator=g).to(device)
         l_student = (student(x, t, y_m) - buf["v"][idx]).pow(2).mean()
-        l_ci = ci_penalty(student, x, t, y) if lambda_ci > 0 else torch.zeros(())
+        l_ci = ci_penalty(student, *ci_sample(ci_batch, x, t, y)) if lambda_ci > 0 else torch.zeros(())
         loss = l_student + lambda_ci * l_ci
         opt_.zero_grad(set_to_none=True)
         loss.backward()
@@ -169,6 +170,7 @@ class DcfmStrategy(FlowStrategy):
         student = self.task.new_model().to(self.run.device)
         stats = distill_student(student, buf, steps=self.opts.distill_steps, batch=self.run.cfg.batch_size,
                                 lr=self.opts.lr, pi=self.opts.pi, lambda_ci=self.opts.lambda_ci,
+                                ci_batch=self.opts.ci_batch,
                                 seed=self.run.cfg.seed + 6, device=self.run.device)
         self.student = student.eval().requires_grad_(False)
         save_model(self.run.out, self.student.state_dict())

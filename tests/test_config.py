@@ -78,7 +78,7 @@ def test_each_method_spec_states_its_traits():
             and "espresso.clusters" not in m["espresso"].server_only_keys)
     # what DCFM's clients read (clients/dcfm.py) is never server-only: a cached Stage I must match the run's
     client_read = {"dcfm.lambda-ci", "dcfm.local-steps", "dcfm.peer-steps", "dcfm.lr", "dcfm.pi-full", "dcfm.width",
-                   "dcfm.routes-per-batch", "dcfm.route-mask"}
+                   "dcfm.routes-per-batch", "dcfm.route-mask", "dcfm.ci-batch"}
     assert m["dcfm"].server_only_keys < set(all_defaults()) and not client_read & m["dcfm"].server_only_keys
     with pytest.raises(ValueError, match="namespace and options go together"):
         registry.MethodSpec("p", "s:S", "c", namespace="x")

@@ -157,6 +157,36 @@ def test_local_training_with_peer_ci_leaves_peers_unchanged():
     assert all(torch.equal(before[k], v) for k, v in peer.state_dict().items())
 
 
+@pytest.mark.parametrize("ci_batch, ci_rows", [(0, 4 * 32), (8, 4 * 8), (64, 4 * 32)])
+def test_ci_batch_estimates_the_ci_term_on_that_many_samples_of_the_minibatch(ci_batch, ci_rows):
+    """dcfm.ci-batch: L_FM sees the whole minibatch (32), L_CI's one batched query (joint, unconditional,
+    one per attribute: 4 label sets) only its first ci_batch samples (0, or more than the batch: all)."""
+    from fedapp.models.compose import ci_sample
+
+    rows = []
+
+    class Recorder(VectorVelocityNet):
+        def forward(self, x, t, y=None):
+            rows.append(len(x))
+            return super().forward(x, t, y)
+
+    torch.manual_seed(0)
+    x, y = torch.randn(64, 2), torch.randint(0, 2, (64, 2))
+    train_expert(Recorder(dim=2, attribute_sizes=[2, 2], hidden=8), x, y, steps=3, batch=32, lr=1e-2,
+                 pi=(1.0, 0.0, 0.0), lambda_ci=1.0, seed=0, ci_batch=ci_batch)
+    assert rows == [32, ci_rows] * 3
+    from strategies.dcfm import distill_student  # B's L_studentCI, on the server, the same way
+
+    rows.clear()
+    buf = {"x": x, "t": torch.rand(64), "y": y, "v": torch.randn(64, 2)}
+    distill_student(Recorder(dim=2, attribute_sizes=[2, 2], hidden=8), buf, steps=2, batch=32, lr=1e-3,
+                    pi=(1.0, 0.0, 0.0), lambda_ci=1.0, seed=0, ci_batch=ci_batch)
+    assert rows == [32, ci_rows] * 2
+    a, b = torch.arange(5), torch.arange(5, 10)
+    assert [v.tolist() for v in ci_sample(2, a, b)] == [[0, 1], [5, 6]]
+    assert all(v is w for v, w in zip(ci_sample(0, a, b), (a, b)))
+
+
 def test_expert_training_reports_its_progress_for_its_client(fedapp_log, monkeypatch):
     """A 2,000-step expert is minutes of one core: the log carries `client K: expert steps i/n`, the
     peer-CI loop and the server's distillation theirs."""

@@ -89,6 +89,14 @@ def ci_penalty(model: Callable, x_t: torch.Tensor, t: torch.Tensor, y: torch.Ten
     return (v_joint - composite(v_uncond, v_margs)).pow(2).flatten(1).mean(1).mean()
 
 
+def ci_sample(k: int, *tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The first k rows of each tensor (all of them when k <= 0): the samples a CI term (L_CI, L_peerCI,
+    L_studentCI) is estimated on (dcfm.ci-batch). A minibatch is drawn at random, so its first k rows are a
+    random subset and the estimate of the expectation stays unbiased; each CI term queries the net three or
+    four times per sample (joint, unconditional, one per attribute) where L_FM queries it once."""
+    return tensors if k <= 0 else tuple(x[:k] for x in tensors)
+
+
 # ---- eqs. 12-13: L_peerCI over routing vectors --------------------------------------------------------
 def sample_route(num_experts: int, k: int, self_index: int, generator: torch.Generator | None = None) -> list[int]:
     """r = (r_0..r_k) uniformly over the experts, with at least one entry equal to the local expert a."""

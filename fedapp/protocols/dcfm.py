@@ -73,6 +73,9 @@ class DcfmOptions:
     pi_marg: float = opt(0.0, low=0.0, help="pi_marg: probability of one attribute y_i alone")
     pi_uncond: float = opt(0.0, low=0.0, help="pi_uncond: probability of no label")
     lambda_ci: float = opt(1.0, low=0.0, help="lambda of L_CI (eq. 11), L_peerCI (A) and L_studentCI (B, eq. 17)")
+    ci_batch: int = opt(0, low=0, help="samples of each minibatch the CI terms (L_CI, L_peerCI, L_studentCI) are "
+                                       "estimated on; 0: all of them (each CI term costs 3-4 forward passes a "
+                                       "sample where L_FM costs one)")
     rounds: int = opt(2, low=1, help="R: peer-CI allgather rounds of variant A (paper ~2)")
     peer_schedule: str = opt("sequential", choices=("allgather", "sequential"),
                              help="variant A: a round retrains all experts at once against the round's start "
