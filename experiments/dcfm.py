@@ -205,6 +205,24 @@ def summarise(rows: list[dict], compute: dict[str, dict] | None = None) -> list[
     return out
 
 
+def copy_grids(rows: list[dict], folder: Path, stem: str) -> list[Path]:
+    """Each table method's digit x colour sample grid (novel pairs framed in white) of its first seed on the
+    non-IID split, the paper's headline column, as <stem>_grid_<method>.png; DCFM-B's also as <stem>_grid.png.
+    A sweep's rows are not the table's: none copied."""
+    copied = []
+    for name, _ in ROWS:
+        mine = sorted((r for r in rows if r["method"] == name and r["split"] == "non-iid"),
+                      key=lambda r: r.get("seed", 0))
+        src = Path(mine[0]["run_dir"]) / "images" / "grid.png" if mine else None
+        if src is None or not src.is_file():
+            continue
+        targets = [folder / f"{stem}_grid_{name}.png"] + ([folder / f"{stem}_grid.png"] if name == "dcfm-b" else [])
+        for dst in targets:
+            shutil.copy(src, dst)
+            copied.append(dst)
+    return copied
+
+
 def write_views(path: Path, done: dict, compute: dict[str, dict]) -> None:
     """The json after every run: the runs, their means over seeds, the verdicts and the paired differences."""
     done.update(mean_over_seeds=summarise(done["rows"], compute), verdicts=split_verdicts(done["rows"]),
@@ -273,10 +291,7 @@ def main(argv: list[str]) -> None:
                 print(table(done["rows"], compute), flush=True)
     done["paper_noniid_novel_fid"] = PAPER_NONIID_NOVEL_FID
     write_views(out, done, compute)
-    grid = sorted((r for r in done["rows"] if r["method"] == "dcfm-b" and r["split"] == "non-iid"),
-                  key=lambda r: r.get("seed", 0))
-    if grid:
-        shutil.copy(Path(grid[0]["run_dir"]) / "images" / "grid.png", out.with_name(f"{stem}_grid.png"))
+    copy_grids(done["rows"], out.parent, stem)
     print(table(done["rows"], compute))
     if done["paired"]:
         print(f"\n{paired_table(done['paired'])}")

@@ -4,6 +4,7 @@ differences, the CPU budget of --jobs/--threads; and how the FedDifRC, PFDM and 
 
 import argparse
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -424,6 +425,25 @@ def test_dcfm_rows_compute_verdict_per_split_and_paired_rows():
     assert text.splitlines()[4].endswith("  not converged")  # fedflow, non-iid
     cells = {(s["method"], s["split"]): s for s in summarise(rows)}
     assert cells["dcfm-a", "iid"]["verdict"]["converged"] and not cells["fedflow", "non-iid"]["verdict"]["converged"]
+
+
+def test_dcfm_copies_each_methods_first_non_iid_grid_beside_the_json(tmp_path):
+    from experiments.dcfm import copy_grids
+
+    rows = []
+    runs = (("fedflow", 1, "non-iid"), ("fedflow", 0, "non-iid"), ("fedflow", 0, "iid"), ("dcfm-b", 0, "non-iid"),
+            ("ddm", 0, "non-iid"), ("dcfm-b@dcfm.rounds=1", 0, "non-iid"))
+    for method, seed, split in runs:
+        run = tmp_path / "runs" / f"{method}-{split}-{seed}"
+        (run / "images").mkdir(parents=True)
+        (run / "images" / "grid.png").write_bytes(f"{method} {split} {seed}".encode())
+        rows.append({"method": method, "seed": seed, "split": split, "run_dir": str(run)})
+    shutil.rmtree(tmp_path / "runs" / "ddm-non-iid-0")  # a run folder gone (another machine): skipped
+    copied = copy_grids(rows, tmp_path, "dcfm_colored-mnist")
+    assert sorted(p.name for p in copied) == ["dcfm_colored-mnist_grid.png", "dcfm_colored-mnist_grid_dcfm-b.png",
+                                              "dcfm_colored-mnist_grid_fedflow.png"]
+    assert (tmp_path / "dcfm_colored-mnist_grid_fedflow.png").read_bytes() == b"fedflow non-iid 0"  # the first seed
+    assert (tmp_path / "dcfm_colored-mnist_grid.png").read_bytes() == b"dcfm-b non-iid 0"
 
 
 def test_a_dcfm_sweep_runs_each_row_once_per_value_into_its_own_json_sharing_stage_one(tmp_path):
