@@ -228,9 +228,9 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
         saved = row_file(flat, args)
         if args.resume and saved.is_file():  # finished before a stop: its figures, not a second run
             row = json.loads(saved.read_text())
-            curve_kept = Path(row["run_dir"], "metrics.jsonl").is_file()
-            if method == "fedavg" and "verdict" not in row["results"] and curve_kept:  # a row from before verdicts
-                row["results"]["verdict"] = classification_verdict(accuracy_curve(row))
+            if method == "fedavg" and "verdict" not in row["results"]:  # a row from before verdicts were kept
+                if Path(row["run_dir"], "metrics.jsonl").is_file():      # (its curve, where its run folder is)
+                    row["results"]["verdict"] = classification_verdict(accuracy_curve(row))
             results[name], seconds[name] = row["results"], row["seconds"]
             if keep_images and name in PANELS and Path(row["run_dir"], SYNTHETIC_FILE).is_file():
                 images.update({(name, shards[p].meta["domain"]): xy

@@ -443,6 +443,7 @@ def main(argv: list[str]) -> None:
     def publish() -> str:  # after every cell, so that a table cut short has its finished cells on the page
         return write_outputs(a, argv, configs, shown, cells_dir, failed)
 
+    text = None  # the table as last published; None when nothing since (a failure, or no cell run)
     for (entry, seed), flat in todo.items():
         print(f"cell {entry}, seed {seed}", flush=True)
         try:
@@ -450,12 +451,13 @@ def main(argv: list[str]) -> None:
         except Exception as err:  # noqa: BLE001 - one cell's failure is reported; the other cells go on
             failed[f"{entry}, seed {seed}"] = f"{type(err).__name__}: {err}"
             print(f"cell {entry}, seed {seed} failed: {failed[f'{entry}, seed {seed}']}", flush=True)
+            text = None
             continue
         atomic_write_json(cell_file(cells_dir, flat), {"entry": entry, "seed": seed, "config": flat, "figures": figs})
         print(f"cell {entry}, seed {seed}: accuracy {figs['accuracy']:.2f} %, "
               f"{figs['up_bytes_per_client']:,.0f} bytes up a client, {figs['wall_seconds']:.0f} s", flush=True)
-        publish()
-    print(publish(), flush=True)
+        text = publish()
+    print(text if text is not None else publish(), flush=True)
 
 
 def write_outputs(a: argparse.Namespace, argv: list[str], configs: dict[tuple[str, int], dict[str, Any]],
