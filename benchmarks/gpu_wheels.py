@@ -2,15 +2,17 @@
 
     python benchmarks/gpu_wheels.py [--out wheels] [--limit-mib 64]
 
-A bare GPU box has Python with CUDA torch and nothing of ours; the check runs from a copy of this
-repository (its root on sys.path), so what it needs is the third-party distributions the check imports
-(ROOTS, measured by importing the check's whole path) and everything they require, at the versions
-installed here, without torch and torch's own requirements (the box has them). `pip wheel --no-deps` fetches
-each from the package index (a pure-Python sdist is built into a wheel), so the box installs offline:
+A GPU box has Python with CUDA torch and nothing of ours; the check runs from a copy of this repository (its
+root on sys.path), so what it needs is the third-party distributions the check imports (ROOTS, measured by
+importing the check's whole path) and everything they require, at the versions installed here, less what the
+box already holds: torch and torch's own requirements, and the distributions named in `--box` (default
+benchmarks/gpu_box_packages.txt: the list of the device tool's `nvidia-h200` image, read 2026-11-17; `--box ""`
+for a box with torch alone). `pip download --only-binary=:all:` fetches each for the box's Python
+(`--python-version`, default 3.12, the image's) and manylinux x86-64, so the box installs offline:
 
-    pip install --no-index --find-links wheels -r wheels/requirements.txt
+    pip install --no-index --no-deps --target /tmp/site wheels/*.whl && export PYTHONPATH=/tmp/site:$PWD
 
-The wheels are for this machine's Python and platform (the box needs the same Python minor version).
+(`--target` beside the box's own site-packages: its packages stay as they are.)
 Prints each wheel's size, largest first, and the total against `--limit-mib` (what the device tool
 carries in one call); over it, one line says by how much and exits 1: the folder is still written, whole.
 
@@ -35,6 +37,15 @@ from packaging.requirements import Requirement
 ROOTS = ("flwr", "flwr-datasets", "diffusers", "transformers", "tokenizers", "safetensors", "scikit-learn", "numpy",
          "matplotlib", "dp-accounting", "torchmetrics", "mlxtend", "tqdm", "pillow")
 PROVIDED = "torch"  # on the box already, with its own requirements
+BOX_LIST = Path(__file__).with_name("gpu_box_packages.txt")
+# flwr requires uv, which it runs as a program (`flwr run` installing an app's dependencies) and never imports:
+# the in-process check has no use for its 17 MiB
+NOT_IMPORTED = frozenset({"uv"})
+# carried even where the box has them: flwr's generated protobuf code and grpcio-health-checking are built
+# against these versions, and the box's may be older
+PINNED_EVEN_ON_BOX = frozenset({"grpcio", "protobuf"})
+PLATFORMS = ("manylinux_2_34_x86_64", "manylinux_2_28_x86_64", "manylinux_2_27_x86_64", "manylinux_2_24_x86_64",
+             "manylinux_2_17_x86_64", "manylinux2014_x86_64", "manylinux1_x86_64")
 
 
 def normal(name: str) -> str:
@@ -61,15 +72,34 @@ def closure(roots, skip: set[str] = frozenset()) -> dict[str, str]:
     return found
 
 
-def needed() -> dict[str, str]:
-    provided = set(closure([PROVIDED]))
-    return closure(ROOTS, skip=provided)
+def box_packages(path: str | Path | None) -> set[str]:
+    """The distributions a box holds, names separated by blanks or lines (# comments), normalised; None or "":
+    none."""
+    if not path:
+        return set()
+    lines = (line.split("#")[0] for line in Path(path).read_text().splitlines())
+    return {normal(name) for line in lines for name in line.split()}
 
 
-def write_wheels(pins: dict[str, str], out: Path) -> None:
+def needed(box: set[str] = frozenset()) -> dict[str, str]:
+    """{distribution: version here} the box lacks: the check's imports and what they require, less torch's
+    closure, less `box` (except PINNED_EVEN_ON_BOX), less NOT_IMPORTED."""
+    skip = set(closure([PROVIDED])) | (set(box) - PINNED_EVEN_ON_BOX) | NOT_IMPORTED
+    return closure(ROOTS, skip=skip)
+
+
+def download_command(specs: list[str], out: Path, python_version: str) -> list[str]:
+    """pip fetching `specs` as binary wheels for CPython `python_version` on manylinux x86-64, without their
+    requirements (needed() already holds them)."""
+    platforms = [arg for p in PLATFORMS for arg in ("--platform", p)]
+    return [sys.executable, "-m", "pip", "download", "--no-deps", "-q", "--only-binary=:all:", "--implementation",
+            "cp", "--python-version", python_version, *platforms, "-d", str(out), *specs]
+
+
+def write_wheels(pins: dict[str, str], out: Path, python_version: str) -> None:
     out.mkdir(parents=True, exist_ok=True)
     specs = [f"{n}=={v}" for n, v in sorted(pins.items())]
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(out), *specs], check=True)
+    subprocess.run(download_command(specs, out, python_version), check=True)
     (out / "requirements.txt").write_text("\n".join(specs) + "\n")
 
 
@@ -122,8 +152,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", default="wheels", help="folder for the wheels and requirements.txt")
     ap.add_argument("--limit-mib", type=float, default=64.0, help="what the folder may weigh")
     ap.add_argument("--parts", action="store_true", help="also sort the wheels into parts of --limit-mib each")
+    ap.add_argument("--box", default=str(BOX_LIST), help="file of the distributions the box already holds, "
+                                                         "blank-separated (\"\": torch alone)")
+    ap.add_argument("--python-version", default="3.12", help="the box's Python (major.minor)")
     a = ap.parse_args(argv)
-    write_wheels(needed(), Path(a.out))
+    write_wheels(needed(box_packages(a.box)), Path(a.out), a.python_version)
     over = report(Path(a.out), a.limit_mib)
     if a.parts:  # each part travels with the working tree: the tree's tracked files, and 0.5 MiB of room
         split_into_parts(Path(a.out), a.limit_mib - tracked_mib() - 0.5)

@@ -81,10 +81,19 @@ def sweep_seed(a, seed: int, steps: list[int], progress=lambda points: None, par
 
     read_seconds: list[float] = []
     train_ddpm(model, x, y, steps=steps[-1], batch=a.batch, lr=a.lr, seed=seed * 100_003 + steps[-1],
-               p_uncond=a.p_uncond, ema=a.ema, checkpoints=steps, on_checkpoint=read, state=state)
+               device=torch_device(a.device), p_uncond=a.p_uncond, ema=a.ema, checkpoints=steps,
+               on_checkpoint=read, state=state)
     return {"train_images": len(x), "train_class_counts": torch.bincount(y, minlength=server.info.num_classes).tolist(),
             "reader_accuracy": reader.held_out_accuracy, "points": points,
             **({"resumed_from_step": done} if done else {})}
+
+
+def torch_device(device: str) -> str:
+    """--device as torch takes it: auto is CUDA where torch finds it (the run config's rule), else the CPU."""
+    from fedapp.config import _check_device
+
+    _check_device(device)  # one line naming the value and what is allowed
+    return ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
 
 
 def train_state(runs_dir: Path, path: Path, setup: dict[str, Any], seed: int):
@@ -176,6 +185,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--runs-dir", default="runs/pfdm-budget",
                    help="where each seed's training state is kept after every checkpoint, so that a stopped "
                         "sweep continues from its last checkpoint")
+    p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N: where the "
+                                                    "denoiser trains and samples (the readers stay on the CPU)")
     add_sweep_arguments(p, seeds="0,1,2")
     a = p.parse_args(argv)
     steps = checkpoint_steps(a.steps)
@@ -187,7 +198,7 @@ def main(argv: list[str]) -> None:
     recipe = (f"_uncond{a.p_uncond:g}" if a.p_uncond else "") + (f"_ema{a.ema:g}" if a.ema else "") + (
         f"_w{a.channels.replace(',', '-')}" if a.channels != "16,32" else "")
     path = out / f"pfdm_budget_{a.dataset}_{a.image_size}px{recipe}.json"
-    where = ("seeds", "threads", "out", "runs_dir")  # how and where it runs, not what it measures
+    where = ("seeds", "threads", "out", "runs_dir", "device")  # how and where it runs, not what it measures
     setup = {k: v for k, v in vars(a).items() if k not in where} | {"continuous": True}
     # options added later are kept out of the setup at their defaults, so that earlier sweeps still resume
     for key, default in (("p_uncond", 0.0), ("guidance", "1"), ("ema", 0.0)):

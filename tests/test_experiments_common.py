@@ -250,6 +250,7 @@ def test_pfdm_budget_sweep_trains_one_run_and_reads_each_checkpoint(tmp_path):
     out = json.loads((tmp_path / "pfdm_budget_colored-digits_8px_uncond0.2.json").read_text())
     pts = out["seeds"]["0"]["points"]
     assert [q["steps"] for q in pts] == [3, 6] and out["setup"]["p_uncond"] == 0.2
+    assert "device" not in out["setup"]  # where it ran: a sweep moved to a GPU continues the same file
     for q in pts:  # each checkpoint read at both scales; the headline is the better one
         assert set(q["sample_accuracy_by_guidance"]) == {"1.0", "3.0"}
         assert q["sample_accuracy"] == max(q["sample_accuracy_by_guidance"].values())
@@ -262,6 +263,19 @@ def test_pfdm_budget_sweep_trains_one_run_and_reads_each_checkpoint(tmp_path):
     assert 0 < out["seeds"]["0"]["reader_accuracy"] <= 1 and out["budget"]["steps"] is None  # 6 steps learn nothing
     assert out["verdict"]["converged"] is False and out["verdict"]["seeds"] == 1
     assert (tmp_path / "pfdm_budget_colored-digits_8px_uncond0.2.png").stat().st_size > 0
+
+
+def test_pfdm_budget_device_is_where_it_runs_not_what_it_measures(monkeypatch):
+    import torch
+
+    from experiments import pfdm_budget
+
+    with pytest.raises(Exception, match=r"device='gpu': must be auto, cpu, cuda or cuda:N"):
+        pfdm_budget.torch_device("gpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert pfdm_budget.torch_device("auto") == "cpu" and pfdm_budget.torch_device("cuda:1") == "cuda:1"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert pfdm_budget.torch_device("auto") == "cuda"
 
 
 @pytest.mark.usefixtures("one_torch_thread")

@@ -74,6 +74,27 @@ def test_the_wheel_set_is_the_checks_imports_and_their_requirements_without_torc
     assert pins["diffusers"] == md.version("diffusers")  # the tested version, pinned
 
 
+def test_the_box_keeps_its_own_packages_and_the_wheels_are_fetched_for_its_python(tmp_path):
+    import gpu_wheels
+
+    box = gpu_wheels.box_packages(gpu_wheels.BOX_LIST)  # the device image's list, as shipped
+    assert {"torch", "transformers", "numpy", "scikit-learn", "grpcio", "huggingface-hub"} <= box
+    assert "flwr" not in box and "diffusers" not in box
+    pins = gpu_wheels.needed(box)
+    assert {"flwr", "diffusers", "flwr-datasets", "datasets", "mlxtend", "dp-accounting"} <= set(pins)
+    assert "dill" in pins  # datasets requires it and the box lacks it: the closure still walks the box's gaps
+    assert not {"transformers", "numpy", "scikit-learn", "pyarrow", "scipy"} & set(pins)  # the box has them
+    assert {"grpcio", "protobuf"} <= set(pins)  # pinned even though the box has them
+    assert "uv" not in pins and "uv" not in gpu_wheels.needed()  # a program flwr runs, never imported
+    (tmp_path / "box.txt").write_text("# a comment\nFoo_Bar  baz.qux\n\n  zed # trailing\n")
+    assert gpu_wheels.box_packages(tmp_path / "box.txt") == {"foo-bar", "baz-qux", "zed"}
+    assert gpu_wheels.box_packages("") == set()
+    cmd = gpu_wheels.download_command(["flwr==1.0"], tmp_path, "3.12")
+    assert cmd[cmd.index("--python-version") + 1] == "3.12" and "--only-binary=:all:" in cmd and "--no-deps" in cmd
+    assert cmd[cmd.index("--implementation") + 1] == "cp" and cmd[-1] == "flwr==1.0" and "download" in cmd
+    assert "manylinux2014_x86_64" in cmd
+
+
 def test_wheels_are_sorted_into_parts_that_each_fit_the_limit(tmp_path):
     import gpu_wheels
 
