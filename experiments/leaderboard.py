@@ -30,6 +30,7 @@ over seeds both ways, the Pareto front marked) and the setting's table into docs
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 from pathlib import Path
@@ -206,14 +207,20 @@ def refigure(flat: dict[str, Any], clients: int) -> dict[str, Any] | None:
 def prior_record_bytes(flat: dict[str, Any]) -> int:
     """The bytes of the records a built-in prior ships as (its weights and files); 0 for a hub or folder prior,
     which every node loads from its own disk."""
+    from fedapp.config import all_defaults
+
+    return _prior_record_bytes(flat.get("prior", all_defaults()["prior"]), flat["dataset"])
+
+
+@functools.lru_cache(maxsize=None)  # a 17 MB prior serialised once a run, not once a cell
+def _prior_record_bytes(prior: str, dataset: str) -> int:
     from flwr.app import RecordDict
 
-    from fedapp.config import all_defaults
     from fedapp.models.prior import prior_to_records
     from fedapp.models.prior.spec import resolve_prior
     from fedapp.protocols.records import record_nbytes
 
-    src = resolve_prior(flat.get("prior", all_defaults()["prior"]), flat["dataset"])
+    src = resolve_prior(prior, dataset)
     if src.kind != "tiny":
         return 0
     weights, files = prior_to_records(src.location)

@@ -585,6 +585,30 @@ def test_leaderboard_cell_figures_leave_the_final_evaluation_out_of_the_methods_
     assert rows["FedAvg"]["accuracy"]["mean"] == pytest.approx(85.0)
 
 
+def test_leaderboard_serialises_a_built_in_prior_once_a_run_and_a_hub_prior_never(monkeypatch):
+    import fedapp.models.prior as prior_pkg
+    import torch
+    from flwr.app import ArrayRecord, ConfigRecord
+
+    from experiments import leaderboard
+
+    calls = []
+
+    def to_records(location):
+        calls.append(location)
+        return ArrayRecord({"w": torch.zeros(1000)}), ConfigRecord({"f": "x"})
+
+    monkeypatch.setattr(prior_pkg, "prior_to_records", to_records)
+    leaderboard._prior_record_bytes.cache_clear()
+    cell = {"prior": "tiny", "dataset": "digits"}
+    first = leaderboard.prior_record_bytes(cell)
+    assert first >= 4000 and leaderboard.prior_record_bytes({**cell, "method": "prompts"}) == first
+    assert len(calls) == 1  # the second cell with that prior read the size, not the weights
+    assert leaderboard.prior_record_bytes({"prior": "someone/some-model", "dataset": "digits"}) == 0
+    assert len(calls) == 1
+    leaderboard._prior_record_bytes.cache_clear()
+
+
 def test_leaderboard_writes_its_block_into_the_page_and_replaces_only_that_block(tmp_path):
     from experiments.leaderboard import write_doc
 
