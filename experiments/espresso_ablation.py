@@ -188,14 +188,17 @@ def fidelity_readers(server, seed: int, epochs: int = 40) -> dict[str, Any]:
 def fidelity(readers: dict[str, Any], synth: list[tuple[torch.Tensor, torch.Tensor]], domains: list[int],
              real: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict:
     """Share of the synthetic images whose class the class reader reads as the intended one, and
-    share of client k's images the domain reader puts in client k's domain (chance: 1/4). With the
+    share of client k's images the domain reader puts in client k's domain (chance: 1/4), and the class share
+    per client (`class_fidelity_by_client`, in `synth`'s order: which clients' conditions lose the class). With the
     clients' real images: diversity, the intra-class spread of the class reader's features, synthetic
     over real (fedapp.metrics.diversity_ratio; 1 = as diverse as the real data)."""
     from fedapp.models.classifier import predict
 
-    cls = torch.cat([(predict(readers["class"], x) == y).float() for x, y in synth])
+    per_client = [(predict(readers["class"], x) == y).float() for x, y in synth]
+    cls = torch.cat(per_client)
     dom = torch.cat([(predict(readers["domain"], x) == d).float() for (x, _), d in zip(synth, domains)])
-    out = {"class_fidelity": float(cls.mean()), "domain_fidelity": float(dom.mean())}
+    out = {"class_fidelity": float(cls.mean()), "domain_fidelity": float(dom.mean()),
+           "class_fidelity_by_client": [float(c.mean()) for c in per_client]}
     if real is not None:
         from fedapp.metrics import diversity_ratio
         from fedapp.models.classifier import embed_all

@@ -588,6 +588,7 @@ def test_fidelity_counts_the_intended_class_and_the_clients_own_domain():
     got = fidelity({"class": Reader(), "domain": Reader()},
                    [(x0, torch.tensor([1, 1, 2, 2])), (x1, torch.tensor([3, 0]))], domains=[1, 3])
     assert got["class_fidelity"] == pytest.approx(4 / 6)  # 1, 1, 2 and the first 3 are read right
+    assert got["class_fidelity_by_client"] == pytest.approx([3 / 4, 1 / 2])  # per client, in the order given
     assert got["domain_fidelity"] == pytest.approx(4 / 6)  # client 0 (domain 1): two of four; client 1: both
 
 
