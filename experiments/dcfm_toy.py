@@ -118,8 +118,8 @@ def run_toy(steps: int = 400, fl_rounds: int = 20, distill_steps: int = 800, rou
             n: int = 256, lambda_ci: float = DEFAULTS.lambda_ci, pi: tuple = DEFAULTS.pi,
             routes_per_batch: int = DEFAULTS.routes_per_batch, route_mask: bool = DEFAULTS.route_mask,
             replay: str = DEFAULTS.replay, peer_schedule: str = DEFAULTS.peer_schedule,
-            ci_batch: int = DEFAULTS.ci_batch, router_steps: int = 400, samples: int = 512, seed: int = 0,
-            methods: tuple = ("fedflow", "dcfm-b")) -> dict:
+            ci_batch: int = DEFAULTS.ci_batch, a_sampler: str = DEFAULTS.a_sampler, router_steps: int = 400,
+            samples: int = 512, seed: int = 0, methods: tuple = ("fedflow", "dcfm-b")) -> dict:
     """FedFlow, DDM, DCFM-A and DCFM-B (those in `methods`) on the two clients; each samples (right, up)."""
     from strategies.dcfm import distill_student, replay_buffer
     from strategies.fedflow import routed_field, train_router
@@ -164,8 +164,9 @@ def run_toy(steps: int = 400, fl_rounds: int = 20, distill_steps: int = 800, rou
                     ci_batch=ci_batch)
         extra["uncond_gap"] = uncond_gap(experts, data, seed + 3)
         ids = sorted(experts)
+        routes = torch.Generator().manual_seed(seed + 8) if a_sampler == "routed" else None
         out["dcfm-a"] = sample(mixture_composite([experts[a] for a in ids], [counts[a] for a in ids], want,
-                                                 route_mask))
+                                                 route_mask, routes))
     return {"samples": out, "mode_share": {k: mode_share(v) for k, v in out.items()}, "data": data, **extra}
 
 
@@ -244,6 +245,8 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--route-mask", choices=("true", "false"), default=str(DEFAULTS.route_mask).lower())
     p.add_argument("--peer-schedule", choices=("allgather", "sequential"), default=DEFAULTS.peer_schedule)
     p.add_argument("--replay", choices=("teacher", "composite"), default=DEFAULTS.replay, help="DCFM-B's replay paths")
+    p.add_argument("--a-sampler", choices=("expected", "routed"), default=DEFAULTS.a_sampler,
+                   help="DCFM-A's sampler: routes in expectation or one drawn a sample")
     p.add_argument("--samples", type=positive, default=512, help="samples of (right, up) per method")
     p.add_argument("--seeds", type=positive, default=5, help="seeds 0..N-1")
     p.add_argument("--sweep", type=floats, default=[], help="lambdas to run DCFM-A and -B at first, e.g. 1,3,10,30")
@@ -273,7 +276,7 @@ def main(argv: list[str]) -> None:
     settings = dict(steps=a.steps, fl_rounds=a.fl_rounds, distill_steps=a.distill_steps, rounds=a.rounds,
                     peer_steps=a.peer_steps, n=a.points, pi=tuple(a.pi), routes_per_batch=a.routes_per_batch,
                     route_mask=a.route_mask == "true", replay=a.replay, peer_schedule=a.peer_schedule,
-                    samples=a.samples, ci_batch=a.ci_batch)
+                    samples=a.samples, ci_batch=a.ci_batch, a_sampler=a.a_sampler)
     seeds = list(range(a.seeds))
     sweep = {}
     for lam in a.sweep:

@@ -53,7 +53,8 @@ _DCFM = dict(namespace="dcfm", options="fedapp.protocols.dcfm:DcfmOptions",
              server_only_keys=frozenset({
                  "dcfm.variant", "dcfm.rounds", "dcfm.peer-schedule", "dcfm.distill-steps", "dcfm.replay",
                  "dcfm.replay-paths", "dcfm.path-steps", "dcfm.sample-steps", "dcfm.samples-per-pair",
-                 "dcfm.fl-local-steps", "dcfm.router-steps", "dcfm.ref-epochs", "run-name", "out-dir"}))
+                 "dcfm.fl-local-steps", "dcfm.router-steps", "dcfm.ref-epochs", "dcfm.a-sampler", "run-name",
+                 "out-dir"}))
 
 METHODS: dict[str, MethodSpec] = {
     "fedavg": MethodSpec("fedapp.protocols.classify", "strategies.fedavg:FedAvgStrategy", "clients.classify",

@@ -6,7 +6,8 @@ Protocol (clients/dcfm.py has the client side and the equations):
 2. Variant A (`dcfm.variant = a`): R rounds (`dcfm.rounds`) of an allgather (`query.peer`): every client
    gets the N - 1 peer experts, trains its own with L_FM + lambda L_peerCI (peers frozen) and uploads it;
    `dcfm.peer-schedule = sequential` runs the clients of a round one after another instead.
-   Sampling: the composite velocity over all experts (fedapp.models.compose.mixture_composite).
+   Sampling: the composite velocity over all experts (fedapp.models.compose.mixture_composite), with the
+   routing vector in expectation or drawn once a sample (`dcfm.a-sampler`).
    Variant B (`dcfm.variant = b`): the server distils the frozen experts into one student on synthetic
    replay paths x^_t (`dcfm.replay`: each teacher's own, or their routed composite; L_student on y ⊙ m,
    eq. 15) plus the student's own CI
@@ -112,8 +113,13 @@ class DcfmStrategy(FlowStrategy):
         if self.opts.variant == "b":
             return composite_field(self.student, y)
         ids = sorted(self.experts)
+        routes = None
+        if self.opts.a_sampler == "routed":  # one generator a run: the evaluation's calls draw in turn
+            if getattr(self, "_routes", None) is None:
+                self._routes = torch.Generator().manual_seed(self.run.cfg.seed + 7)
+            routes = self._routes
         return mixture_composite([self.experts[a] for a in ids], [self.counts[a] for a in ids], y,
-                                 self.opts.route_mask)
+                                 self.opts.route_mask, routes)
 
     def peers_for(self) -> Callable[[int], dict[str, Any]]:
         """Variant A's allgather: to each node the N - 1 peer experts and their pair counts."""

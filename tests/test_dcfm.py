@@ -116,6 +116,24 @@ def test_mixture_composite_routes_by_counts_or_uniformly():
     assert torch.allclose(v0, torch.full((1, 2), 2.0)) and torch.allclose(v1, torch.full((1, 2), 13.0))
 
 
+def test_routed_mixture_composite_draws_one_expert_per_term_and_sample_from_the_same_weights():
+    """dcfm.a-sampler = routed: each sample's v_0 and v_i come from one expert each (never a blend), drawn ∝ the
+    expectation's weights, and fixed for the whole trajectory (the same route at every call of the field)."""
+    experts = [Constant(0.0), Constant(4.0)]
+    counts = [torch.tensor([[3, 0], [0, 0]]), torch.tensor([[0, 0], [1, 0]])]
+    y = torch.tensor([[1, 0]]).repeat(4000, 1)
+    x, t = torch.zeros(4000, 2), torch.zeros(4000)
+    field = mixture_composite(experts, counts, y, route_mask=True, routes=torch.Generator().manual_seed(0))
+    v, v0, (v1, v2) = field(x, t, parts=True)
+    assert set(v0[:, 0].tolist()) == {0.0, 4.0}  # one expert's unconditional each, never their mean
+    assert abs(float((v0[:, 0] == 4.0).float().mean()) - 1 / 4) < 0.03  # pi_a ∝ n_a = (3, 1)
+    assert torch.all(v1 == 4.0 + 11.0)  # y_1 = 1: only expert 1 has seen it, as in expectation
+    assert set(v2[:, 0].tolist()) == {100.0, 104.0}
+    assert torch.equal(field(x, t), v)  # the route is drawn once, not at every Euler step
+    expected = mixture_composite(experts, counts, y, route_mask=True)(x, t)
+    assert torch.allclose(v.mean(0), expected.mean(0), atol=0.5)  # routes average to the expectation's field
+
+
 def test_replay_paths_follow_the_routed_composite_teacher_and_the_student_sees_masked_labels():
     from strategies.dcfm import distill_student, replay_buffer
 

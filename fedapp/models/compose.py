@@ -158,15 +158,18 @@ def composite_field(v: Callable, y: torch.Tensor, weights: Sequence[float] | Non
 
 
 def mixture_composite(experts: Sequence[Callable], counts: Sequence[torch.Tensor], y: torch.Tensor,
-                      route_mask: bool = True) -> Callable:
-    """The composite velocity over several experts (DCFM-A's sampler, DCFM-B's teacher): eq. 12's z^(r)
-    with the routing vector r taken in expectation,
+                      route_mask: bool = True, routes: torch.Generator | None = None) -> Callable:
+    """The composite velocity over several experts (DCFM-A's sampler, DCFM-B's composite teacher): eq. 12's
+    z^(r),
     v^(x, y) = v_0(x) + sum_i (v_i(x, y_i) - v_0(x)),  v_0 = sum_a pi_a v^(a)(x),
     v_i(x, y_i) = sum_a pi_{a,i}(y_i) v^(a)(x, y_i).
     route_mask (dcfm.route-mask): pi_a ∝ n_a and pi_{a,i}(y_i) ∝ n_a(y_i), so an expert answers only values it
     has seen; off: uniform routes, pi_a = pi_{a,i} = 1 / A (the paper's routes are uniform; it is silent on
-    masking). Returns (x, t) -> (v^, v_0, [v_1, .., v_k]) when called with parts=True."""
-    k = y.shape[1]
+    masking). routes None: the routing vector r in expectation (the weights above); a generator: one r per
+    sample, drawn from those weights once and kept along its whole trajectory (dcfm.a-sampler = routed: the
+    composite z^(r) that L_peerCI trains, eq. 12). Returns (x, t) -> (v^, v_0, [v_1, .., v_k]) when called
+    with parts=True."""
+    k, b = y.shape[1], len(y)
     if route_mask:
         n = torch.stack([c.sum() for c in counts]).float()
         margs = [torch.stack([c.sum(dim=tuple(d for d in range(k) if d != i)) for c in counts]).float()
@@ -174,17 +177,24 @@ def mixture_composite(experts: Sequence[Callable], counts: Sequence[torch.Tensor
     else:
         n = torch.ones(len(counts))
         margs = [torch.ones(len(counts), counts[0].shape[i]) for i in range(k)]
-    w0 = n / n.sum()
+    yc = y.cpu()
+    weights = [(n / n.sum())[:, None].expand(-1, b)]  # (A, B) per term: v_0, then v_1 .. v_k
+    for i in range(k):
+        w = margs[i][:, yc[:, i]]
+        weights.append(w / w.sum(0, keepdim=True).clamp(min=1e-9))
+    if routes is not None:  # one expert per term and sample, drawn from the same weights (uniform where none)
+        weights = [torch.where(w.sum(0, keepdim=True) > 0, w, 1.0) for w in weights]
+        weights = [torch.nn.functional.one_hot(torch.multinomial(w.T, 1, generator=routes)[:, 0],
+                                               len(experts)).T.float() for w in weights]
 
     def field(x: torch.Tensor, t: torch.Tensor, parts: bool = False):
         yy = y.to(x.device)
         outs = [query(e, x, t, label_sets(yy)[1:]) for e in experts]  # per expert [v(x), v(x, y_1), ..]
-        v0 = sum(w0[a] * outs[a][0] for a in range(len(experts)))
-        vi = []
-        for i in range(k):
-            w = margs[i][:, yy[:, i].cpu()]
-            w = (w / w.sum(0, keepdim=True).clamp(min=1e-9)).to(x.device)  # (A, B)
-            vi.append(sum(w[a].view(-1, *[1] * (x.ndim - 1)) * outs[a][1 + i] for a in range(len(experts))))
+        terms = []
+        for j, w in enumerate(weights):
+            w = w.to(x.device)
+            terms.append(sum(w[a].view(-1, *[1] * (x.ndim - 1)) * outs[a][j] for a in range(len(experts))))
+        v0, vi = terms[0], terms[1:]
         v = composite(v0, vi)
         return (v, v0, vi) if parts else v
     return field

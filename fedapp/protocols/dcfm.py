@@ -84,6 +84,10 @@ class DcfmOptions:
                                                "slice of the batch)")
     route_mask: bool = opt(True, help="route only to experts that have seen the requested value (peer-CI "
                                       "training, A's sampler, B's teacher); false: uniform routes")
+    a_sampler: str = opt("expected", choices=("expected", "routed"),
+                         help="variant A's sampler: the composite over all experts with the routing vector in "
+                              "expectation, or one routing vector per sample drawn from the same weights and "
+                              "kept along its trajectory (the z^(r) that L_peerCI trains)")
     local_steps: int = opt(300, low=1, help="Stage I Adam steps per client (also DDM / local-only experts)")
     peer_steps: int = opt(100, low=1, help="variant A: Adam steps per client per round")
     distill_steps: int = opt(300, low=1, help="variant B: Adam steps of the student on the server")
