@@ -90,8 +90,10 @@ def run_one(name: str, extra: dict, split: str, clients: int, settings: dict, ou
             "seen_composition_accuracy", "novel_composition_accuracy",
             "seen_digit_accuracy", "novel_digit_accuracy", "seen_color_accuracy", "novel_color_accuracy",
             "model_transfers_per_client")
-    readers = {k: m[k] for k in ("reader_accuracy", "reader_unreliable") if k in m}  # fedapp.readers
-    return {"method": name, "split": split, "seed": seed, **{k: m[k] for k in keys}, **readers,
+    # fedapp.readers; DCFM's composites against its joint fields (strategies.dcfm.DcfmStrategy.ci_diagnostics)
+    optional = {k: m[k] for k in ("reader_accuracy", "reader_unreliable", "ci_residual_self", "ci_residual_mixture")
+                if k in m}
+    return {"method": name, "split": split, "seed": seed, **{k: m[k] for k in keys}, **optional,
             "seconds": round(time.time() - t0, 1),
             "client_calls_reused": (cache.hits - hits) if cache is not None else 0,
             "run_dir": s["run_dir"], "model_transfers_recounted": transfers_from_run(s["run_dir"])}

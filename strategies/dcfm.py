@@ -25,7 +25,8 @@ from typing import Any, Callable
 import torch
 from flwr.app import ArrayRecord
 
-from fedapp.models.compose import ci_penalty, ci_sample, composite_field, mask_labels, mixture_composite
+from fedapp.models.compose import (ci_penalty, ci_residuals, ci_sample, composite_field, mask_labels,
+                                   mixture_composite)
 from fedapp.progress import track
 from fedapp.protocols import ARRAYS_KEY, ROUND_KEY
 from fedapp.protocols import dcfm as P
@@ -182,6 +183,21 @@ class DcfmStrategy(FlowStrategy):
         save_model(self.run.out, self.student.state_dict())
         return {f"distill_{k}": v for k, v in stats.items()} | {"replay_states": len(buf["x"])}
 
+    def ci_diagnostics(self, limit: int = 512) -> dict[str, float]:
+        """ci_residuals on (at most `limit`) real test images of the seen pairs: variant A's experts (their own
+        composites and the mixture A samples with), variant B's student alone (its composite against its joint
+        field; the mixture entry then equals it)."""
+        test, seen = self.task.server.test, {tuple(p) for p in self.task.server.meta["seen_pairs"]}
+        ty = torch.stack([torch.as_tensor(test.attrs[a]).long() for a in P.ATTRS], 1)
+        idx = [i for i, r in enumerate(ty.tolist()) if tuple(r) in seen][:limit]
+        x1, y = test.x[idx].float().to(self.run.device), ty[idx].to(self.run.device)
+        if self.opts.variant == "b":
+            nets, counts = [self.student], [sum(self.counts.values())]
+        else:
+            ids = sorted(self.experts)
+            nets, counts = [self.experts[a] for a in ids], [self.counts[a] for a in ids]
+        return ci_residuals(nets, counts, x1, y, seed=self.run.cfg.seed + 11, route_mask=self.opts.route_mask)
+
     def execute(self, grid) -> dict[str, Any]:
         nodes = self.setup(grid)
         self.stage_one(grid, nodes, self.opts.lambda_ci)  # L_FM + lambda L_CI
@@ -196,4 +212,5 @@ class DcfmStrategy(FlowStrategy):
                 extra.update(self.distill())
             student = ArrayRecord({k: v.cpu() for k, v in self.student.state_dict().items()})
             self.exchange(grid, P.RECEIVE, sorted(self.node_of.values()), lambda n: {ARRAYS_KEY: student})
+        extra.update(self.ci_diagnostics())
         return self.finish(extra)

@@ -134,6 +134,31 @@ def test_routed_mixture_composite_draws_one_expert_per_term_and_sample_from_the_
     assert torch.allclose(v.mean(0), expected.mean(0), atol=0.5)  # routes average to the expectation's field
 
 
+class Interacting(torch.nn.Module):
+    """Constant plus a digit x colour interaction on the full label: its composite misses the interaction."""
+
+    def forward(self, x, t, y):
+        both = (y[:, 0] >= 0) & (y[:, 1] >= 0)
+        out = Constant(0.0)(x, t, y)[:, 0] + torch.where(both, 5.0 * y[:, 0] * y[:, 1], 0.0)
+        return out[:, None].expand(-1, 2)
+
+
+def test_ci_residuals_are_zero_only_where_the_composite_is_the_joint_field():
+    from fedapp.models.compose import ci_residuals
+
+    y = torch.tensor([[0, 0], [1, 0], [1, 1]]).repeat(20, 1)
+    x1 = torch.randn(len(y), 2)
+    full = torch.ones(2, 2, dtype=torch.long)
+    same = ci_residuals([Constant(1.0), Constant(1.0)], [full, full], x1, y, seed=0)
+    assert same == {"ci_residual_self": 0.0, "ci_residual_mixture": 0.0}  # additive and one gauge
+    apart = ci_residuals([Constant(0.0), Constant(4.0)], [full, full], x1, y, seed=0)
+    assert apart["ci_residual_self"] == 0.0 and apart["ci_residual_mixture"] > 0.0  # each additive, gauges apart
+    inter = ci_residuals([Interacting()], [full], x1, y, seed=0)
+    # joint - uncond = 10 y1 + 1 + 100 + 5 y1 y2; the composite misses 5 y1 y2 = 5 on a third of the samples
+    want = (20 * 25) / (20 * 101 ** 2 + 20 * 111 ** 2 + 20 * 116 ** 2)
+    assert abs(inter["ci_residual_self"] - want) < 1e-6 and inter["ci_residual_mixture"] == inter["ci_residual_self"]
+
+
 def test_replay_paths_follow_the_routed_composite_teacher_and_the_student_sees_masked_labels():
     from strategies.dcfm import distill_student, replay_buffer
 
@@ -308,11 +333,13 @@ SHARED_METRICS = {f"{kind}_{m}" for kind in ("seen", "novel")
                             "kid_std")} | {
     "model_bytes", "model_transfers_per_client", "model_transfers_by_client", "num_experts",
     "reader_accuracy", "reader_unreliable", "unreliable_readers"}
+CI_RESIDUALS = ("ci_residual_self", "ci_residual_mixture")  # DCFM's composites against its joint fields
 IN_PROCESS = {  # run config, own metrics, server phases timed, model transfers per client (N = 3, R = 1, T = 2)
-    "dcfm-a": ({"method": "dcfm", "dcfm.variant": "a", "dcfm.rounds": 1}, {"variant", "rounds"},
+    "dcfm-a": ({"method": "dcfm", "dcfm.variant": "a", "dcfm.rounds": 1}, {"variant", "rounds", *CI_RESIDUALS},
                {"stage1", "peer_round1", "evaluation"}, 4),
     "dcfm-b": ({"method": "dcfm", "dcfm.variant": "b"}, {"variant", "distill_student", "distill_student_ci",
-                                                         "replay_states"}, {"stage1", "distill", "evaluation"}, 2),
+                                                         "replay_states", *CI_RESIDUALS},
+               {"stage1", "distill", "evaluation"}, 2),
     "fedflow": ({"method": "fedflow"}, {"rounds"}, {"fedavg", "evaluation"}, 4),
     "ddm": ({"method": "ddm"}, {"router_steps"}, {"stage1", "router", "evaluation"}, 3),
     "local-only-flow": ({"method": "local-only-flow"}, set(), {"stage1", "evaluation"}, 1),
@@ -331,6 +358,7 @@ def test_every_flow_method_runs_its_protocol_on_an_in_process_grid(tmp_path, nam
     m = _check_summary(s)
     assert set(m) == SHARED_METRICS | own
     assert m["num_experts"] == 3
+    assert all(m[k] >= 0.0 for k in CI_RESIDUALS if k in own)
     assert phases <= set(s["phase_seconds"])
     from pathlib import Path
 

@@ -200,6 +200,36 @@ def mixture_composite(experts: Sequence[Callable], counts: Sequence[torch.Tensor
     return field
 
 
+@torch.no_grad()
+def ci_residuals(experts: Sequence[Callable], counts: Sequence[torch.Tensor], x1: torch.Tensor, y: torch.Tensor,
+                 seed: int, route_mask: bool = True) -> dict[str, float]:
+    """How far the composites sit from the joint fields they stand in for, on real images x1 of seen pairs
+    noised to x_t = t x1 + (1 - t) x0 (t ~ U(0, 1)). For each expert a and the samples of pairs it holds,
+    relative to its conditional signal E||v_a(x_t, y) - v_a(x_t)||^2:
+    self: E||v_a(x_t, y) - v^_a(x_t, y)||^2, its own composite (eq. 5; L_CI's residual);
+    mixture: E||v_a(x_t, y) - v^(x_t, y)||^2, the composite over all experts (mixture_composite, routes in
+    expectation: DCFM-A's sampler). 0: the composite is the joint field; 1: as far from it as the
+    unconditional field is. Forward passes only: a cause of a poor composite sampler without sampling."""
+    g = torch.Generator().manual_seed(seed)
+    x0 = torch.randn(x1.shape, generator=g).to(x1.device)
+    t = torch.rand(len(x1), generator=g).to(x1.device)
+    x_t = t.view(-1, *[1] * (x1.ndim - 1)) * x1 + (1 - t.view(-1, *[1] * (x1.ndim - 1))) * x0
+    sq = lambda d: d.pow(2).flatten(1).sum(1)  # noqa: E731
+    num_self = num_mix = den = 0.0
+    for e, c in zip(experts, counts):
+        mine = c[y[:, 0].cpu(), y[:, 1].cpu()] > 0
+        if not mine.any():
+            continue
+        xs, ts, ys = x_t[mine.to(x1.device)], t[mine.to(x1.device)], y[mine]
+        joint, uncond, *margs = query(e, xs, ts, label_sets(ys))
+        mix = mixture_composite(experts, counts, ys, route_mask)(xs, ts)
+        num_self += float(sq(joint - composite(uncond, margs)).sum())
+        num_mix += float(sq(joint - mix).sum())
+        den += float(sq(joint - uncond).sum())
+    den = max(den, 1e-12)
+    return {"ci_residual_self": num_self / den, "ci_residual_mixture": num_mix / den}
+
+
 def joint_field(v: Callable, y: torch.Tensor) -> Callable:
     """(x, t) -> v(x, y): plain conditional sampling (the baselines)."""
     return lambda x, t: v(x, t, y.to(x.device))
