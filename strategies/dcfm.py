@@ -25,8 +25,8 @@ from typing import Any, Callable
 import torch
 from flwr.app import ArrayRecord
 
-from fedapp.models.compose import (ci_penalty, ci_residuals, ci_sample, composite_field, mask_labels,
-                                   mixture_composite)
+from fedapp.models.compose import (attribute_labels, ci_penalty, ci_residuals, ci_sample, composite_field,
+                                   mask_labels, mixture_composite, of_pairs)
 from fedapp.progress import track
 from fedapp.protocols import ARRAYS_KEY, ROUND_KEY
 from fedapp.protocols import dcfm as P
@@ -187,9 +187,9 @@ class DcfmStrategy(FlowStrategy):
         """ci_residuals on (at most `limit`) real test images of the seen pairs: variant A's experts (their own
         composites and the mixture A samples with), variant B's student alone (its composite against its joint
         field; the mixture entry then equals it)."""
-        test, seen = self.task.server.test, {tuple(p) for p in self.task.server.meta["seen_pairs"]}
-        ty = torch.stack([torch.as_tensor(test.attrs[a]).long() for a in P.ATTRS], 1)
-        idx = [i for i, r in enumerate(ty.tolist()) if tuple(r) in seen][:limit]
+        test = self.task.server.test
+        ty = attribute_labels(test, P.ATTRS)
+        idx = of_pairs(ty, self.task.server.meta["seen_pairs"]).nonzero()[:limit, 0]
         x1, y = test.x[idx].float().to(self.run.device), ty[idx].to(self.run.device)
         if self.opts.variant == "b":
             nets, counts = [self.student], [sum(self.counts.values())]

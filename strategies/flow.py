@@ -19,7 +19,7 @@ from flwr.app import ArrayRecord, Message, RecordDict
 
 from fedapp.options import ConfigError
 from fedapp.images import save_pair_grid
-from fedapp.models.compose import build_velocity, generate
+from fedapp.models.compose import attribute_labels, build_velocity, generate, of_pairs
 from fedapp.protocols import RUN_KEY
 from fedapp.protocols import dcfm as P
 from fedapp.protocols.records import dtypes_of, partition_of, record_nbytes, run_config_record, tensors_of
@@ -103,7 +103,7 @@ class FlowEvaluation:
             ref = {a: r.model for a, r in readers.items()}
             server = self.task.server
             test = server.test
-            ty = torch.stack([torch.as_tensor(test.attrs[a]).long() for a in P.ATTRS], 1)
+            ty = attribute_labels(test, P.ATTRS)
             out: dict[str, Any] = reader_metrics(readers.values())
             samples = {}
             for kind in ("seen", "novel"):
@@ -114,8 +114,7 @@ class FlowEvaluation:
                 out[f"{kind}_composition_accuracy"] = composition_accuracy(pred[0], pred[1], y[:, 0], y[:, 1])
                 out[f"{kind}_digit_accuracy"] = float((pred[0] == y[:, 0]).float().mean())
                 out[f"{kind}_color_accuracy"] = float((pred[1] == y[:, 1]).float().mean())
-                pair_set = {tuple(p) for p in pairs}
-                real = torch.tensor([tuple(r) in pair_set for r in ty.tolist()])
+                real = of_pairs(ty, pairs)
                 # Frechet distance and KID on the concatenated digit + colour reference features (not Inception)
                 fr = torch.cat([embed_all(ref[a], test.x[real].float()) for a in P.ATTRS], 1).numpy()
                 fg = torch.cat([embed_all(ref[a], x) for a in P.ATTRS], 1).numpy()

@@ -143,6 +143,14 @@ class Interacting(torch.nn.Module):
         return out[:, None].expand(-1, 2)
 
 
+def test_of_pairs_marks_the_rows_of_the_wanted_pairs():
+    from fedapp.models.compose import of_pairs
+
+    y = torch.tensor([[0, 1], [1, 0], [0, 1], [2, 2]])
+    assert of_pairs(y, [[0, 1], [2, 2]]).tolist() == [True, False, True, True]
+    assert not of_pairs(y, []).any()
+
+
 def test_ci_residuals_are_zero_only_where_the_composite_is_the_joint_field():
     from fedapp.models.compose import ci_residuals
 

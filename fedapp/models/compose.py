@@ -34,6 +34,12 @@ def attribute_labels(split, names: Sequence[str]) -> torch.Tensor:
     return torch.stack([torch.as_tensor(split.attrs[n]).long() for n in names], dim=1)
 
 
+def of_pairs(y: torch.Tensor, pairs) -> torch.Tensor:
+    """Bool mask of the rows of y (N, 2) whose (y_1, y_2) is one of `pairs`."""
+    wanted = {tuple(p) for p in pairs}
+    return torch.tensor([tuple(r) in wanted for r in y.tolist()], dtype=torch.bool)
+
+
 def pair_counts(y: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
     """n_a(y_1, y_2): how many local samples carry each attribute pair (the server's mixture weights)."""
     counts = torch.zeros(*sizes, dtype=torch.long)
@@ -215,16 +221,15 @@ def ci_residuals(experts: Sequence[Callable], counts: Sequence[torch.Tensor], x1
     t = torch.rand(len(x1), generator=g).to(x1.device)
     x_t = t.view(-1, *[1] * (x1.ndim - 1)) * x1 + (1 - t.view(-1, *[1] * (x1.ndim - 1))) * x0
     sq = lambda d: d.pow(2).flatten(1).sum(1)  # noqa: E731
+    mix = mixture_composite(experts, counts, y, route_mask)(x_t, t)  # one field for every expert's comparison
     num_self = num_mix = den = 0.0
     for e, c in zip(experts, counts):
-        mine = c[y[:, 0].cpu(), y[:, 1].cpu()] > 0
+        mine = (c[y[:, 0].cpu(), y[:, 1].cpu()] > 0).to(x1.device)
         if not mine.any():
             continue
-        xs, ts, ys = x_t[mine.to(x1.device)], t[mine.to(x1.device)], y[mine]
-        joint, uncond, *margs = query(e, xs, ts, label_sets(ys))
-        mix = mixture_composite(experts, counts, ys, route_mask)(xs, ts)
+        joint, uncond, *margs = query(e, x_t[mine], t[mine], label_sets(y[mine]))
         num_self += float(sq(joint - composite(uncond, margs)).sum())
-        num_mix += float(sq(joint - mix).sum())
+        num_mix += float(sq(joint - mix[mine]).sum())
         den += float(sq(joint - uncond).sum())
     den = max(den, 1e-12)
     return {"ci_residual_self": num_self / den, "ci_residual_mixture": num_mix / den}
