@@ -7,7 +7,8 @@
 #   1. benchmarks/gpu_check.py --in-process (capped at GPU_CHECK_S seconds): the SD-1.5-size UNet batch, the
 #      default Espresso experiment, one round of each other method, on the GPU.
 #   2. issue 27 item 1 at 28 px: centralized-ddpm's step sweep on colored-mnist (capped at PFDM_BUDGET_S; the
-#      json keeps every checkpoint read before the cap, and its state continues from /tmp/pb on a warm machine).
+#      json keeps every checkpoint read before the cap, and its state and json continue from /tmp/pb on a warm
+#      machine: GPU_CHECK_S=1 skips the check on such a second call).
 set -u
 OUT=${OUT:?set OUT to the folder results go to}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 FLWR_DISABLE_UPDATE_CHECK=1 FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION=1 \
@@ -26,7 +27,10 @@ grep -v "INFO\|WARNING" "$OUT/gpu_check.log" | tail -30
 
 timeout "${PFDM_BUDGET_S:-200}" python3 -m experiments pfdm-budget --dataset colored-mnist --image-size 28 --seeds 0 \
     --channels 32,64 --ema 0.999 --p-uncond 0.1 --guidance 1,2 \
-    --steps 2000,4000,6000,8000,10000,12000,14000,16000,20000,24000 --threads 8 --out "$OUT" --runs-dir /tmp/pb \
+    --steps 2000,4000,6000,8000,10000,12000,14000,16000,20000,24000 --threads 8 --out /tmp/pb/out --runs-dir /tmp/pb \
     > "$OUT/pfdm_budget.log" 2>&1
 echo "pfdm-budget: exit $?"
+# the json lives beside the training state, not in $OUT (empty at every call): a call on a warm machine continues
+# the sweep and keeps the readings of the calls before it
+cp /tmp/pb/out/pfdm_budget_* "$OUT"/ 2>/dev/null
 grep -v "INFO" "$OUT/pfdm_budget.log" | tail -20

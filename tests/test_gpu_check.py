@@ -95,6 +95,25 @@ def test_the_box_keeps_its_own_packages_and_the_wheels_are_fetched_for_its_pytho
     assert "manylinux2014_x86_64" in cmd
 
 
+def test_a_second_fetch_into_the_same_folder_leaves_one_wheel_a_distribution(tmp_path, monkeypatch):
+    import gpu_wheels
+
+    for stale in ("cryptography-50.0.2-cp311-abi3-manylinux_2_28_x86_64.whl", "flwr-1.0-py3-none-any.whl"):
+        (tmp_path / stale).write_bytes(b"old")
+    (tmp_path / "part-1").mkdir()
+    (tmp_path / "part-1" / "grpcio-1.0-cp312-cp312-manylinux2014_x86_64.whl").write_bytes(b"old")
+    fetched = "cryptography-50.0.2-cp311-abi3-manylinux_2_34_x86_64.whl"
+
+    def pip(cmd, check):  # what pip download leaves: the one wheel it picks
+        assert check and cmd[-1] == "cryptography==50.0.2"
+        (tmp_path / fetched).write_bytes(b"new")
+
+    monkeypatch.setattr(gpu_wheels.subprocess, "run", pip)
+    gpu_wheels.write_wheels({"cryptography": "50.0.2"}, tmp_path, "3.12")
+    assert sorted(p.name for p in tmp_path.rglob("*.whl")) == [fetched]
+    assert (tmp_path / "requirements.txt").read_text() == "cryptography==50.0.2\n"
+
+
 def test_wheels_are_sorted_into_parts_that_each_fit_the_limit(tmp_path):
     import gpu_wheels
 
