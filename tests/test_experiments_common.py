@@ -132,6 +132,22 @@ def test_feddifrc_table_prints_verdicts_paired_differences_and_compute():
     assert cell_summary(results, "a0.5", "fedavg")["verdict"]["converged"]
 
 
+def test_feddifrc_cells_read_the_second_half_median_and_dips_beside_the_last_rounds():
+    from experiments.feddifrc import cell_summary
+
+    # FedAvg seed 0 dips in its last rounds; FedDifRC dips often in the second half but not at the end
+    fedavg = {"0": _row([0.5] * 10 + [0.95] * 7 + [0.70, 0.96, 0.96]), "1": _row([0.5] * 10 + [0.96] * 10)}
+    feddifrc = {"0": _row([0.5] * 10 + [0.85, 0.94] * 4 + [0.95, 0.95]), "1": _row([0.5] * 10 + [0.94] * 10)}
+    c = cell_summary({"path": {"fedavg": fedavg, "feddifrc": feddifrc}}, "path", "feddifrc")
+    assert c["vs_fedavg"]["per_seed"]["0"] > 0  # the last-5 rule favours FedDifRC on FedAvg's dipped seed ...
+    assert c["second_half"]["0"] == {"median": pytest.approx(94.0), "rounds_below": 4}
+    assert c["second_half"]["1"] == {"median": pytest.approx(94.0), "rounds_below": 0}
+    median = c["second_half_median_vs_fedavg"]  # ... its second half does not: FedAvg's medians are 95 and 96
+    assert median["per_seed"] == {"0": pytest.approx(-1.0), "1": pytest.approx(-2.0)} and median["favour"] == 0
+    base = cell_summary({"path": {"fedavg": fedavg}}, "path", "fedavg")
+    assert base["second_half"]["0"]["rounds_below"] == 1 and "second_half_median_vs_fedavg" not in base
+
+
 def test_feddifrc_ablation_rows_are_also_read_against_the_row_they_flip():
     from experiments.feddifrc import cell_summary, table_text
 
