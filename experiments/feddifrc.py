@@ -33,7 +33,7 @@ import argparse
 import math
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 
@@ -153,6 +153,16 @@ def run_compute(flat: dict[str, Any], summary: dict[str, Any], sizes: list[int])
             "images_seen": sum(t * cfg.local_epochs * sizes[k] for k, t in trained.items())}
 
 
+def paired_on(reading: Callable[[list[float]], float], runs: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """The same-seed difference of one reading of each seed's curve (higher is better) between two cells' runs."""
+    return paired_difference({k: reading(r["curve"]) for k, r in runs.items()},
+                             {k: reading(r["curve"]) for k, r in other.items()}, higher_is_better=True)
+
+
+def half_median(curve: list[float]) -> float:
+    return second_half(curve)["median"]
+
+
 def cell_summary(results: dict[str, Any], split: str, method: str) -> dict[str, Any] | None:
     """One cell's figures beside its mean: the verdict over its seeds, the same-seed difference of the
     last-LAST-rounds accuracy against BASELINE (points; None for the baseline itself or without it), and
@@ -160,26 +170,18 @@ def cell_summary(results: dict[str, Any], split: str, method: str) -> dict[str, 
     runs = results.get(split, {}).get(method, {})
     if not runs:
         return None
-    base = results.get(split, {}).get(BASELINE, {})
-    paired = None
-    if method != BASELINE and base:
-        paired = paired_difference({k: last_mean(r["curve"]) for k, r in runs.items()},
-                                   {k: last_mean(r["curve"]) for k, r in base.items()}, higher_is_better=True)
+    base = results.get(split, {}).get(BASELINE, {}) if method != BASELINE else {}
     out = {"verdict": all_converged([classification_verdict(r["curve"]) for r in runs.values()]),
-           f"vs_{BASELINE}": paired}
+           f"vs_{BASELINE}": paired_on(last_mean, runs, base) if base else None}
     row = results.get(split, {}).get(ABLATION_OF.get(method, ""), {})
     if row:  # an ablation against its default row
-        out[f"vs_{ABLATION_OF[method]}"] = paired_difference(
-            {k: last_mean(r["curve"]) for k, r in runs.items()}, {k: last_mean(r["curve"]) for k, r in row.items()},
-            higher_is_better=True)
+        out[f"vs_{ABLATION_OF[method]}"] = paired_on(last_mean, runs, row)
     for key in ("steps", "images_seen"):
         vals = [r[key] for r in runs.values() if r.get(key) is not None]
         out[key] = float(np.mean(vals)) if vals else None
     out["second_half"] = {k: second_half(r["curve"]) for k, r in runs.items()}
-    if method != BASELINE and base:
-        out[f"second_half_median_vs_{BASELINE}"] = paired_difference(
-            {k: v["median"] for k, v in out["second_half"].items()},
-            {k: second_half(r["curve"])["median"] for k, r in base.items()}, higher_is_better=True)
+    if base:
+        out[f"second_half_median_vs_{BASELINE}"] = paired_on(half_median, runs, base)
     return out
 
 
