@@ -1,6 +1,7 @@
 """Wall-time cost per round of FedDifRC's regularisers (and MOON's) against plain FedAvg local training.
 
     python benchmarks/feddifrc_cost.py [--dataset mnist-5k] [--clients 3] [--repeats 3] [--prior tiny] [--epochs 2]
+                                       [--dynamic 0.5]
 
 For each of the first `--clients` clients of a Dirichlet(0.5) split over 10 clients (the FedDifRC table's
 dataset and local epochs by default), one
@@ -9,6 +10,8 @@ each variant, interleaved variant by variant within a repeat so that the machine
 hits all alike; the table gives the median seconds per round (summed over the clients) and the
 ratio to FedAvg measured in the same run. The one-off cost of the diffusion representations
 (UNet passes + PCA, cached for every later round) and their memory are printed beside it.
+`FedDifRC, dynamic condition` (`feddifrc.dynamic-condition` > 0) also recomputes F~ under c_i = h_k(x_i) from
+the received model inside its round, as its clients do every round (clients.feddifrc.dynamic_targets).
 """
 
 from __future__ import annotations
@@ -29,6 +32,8 @@ def main() -> None:
     p.add_argument("--dataset", default="mnist-5k")
     p.add_argument("--prior", default="tiny", help="tiny (the dataset's cached tiny prior) or a prior folder")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--dynamic", type=float, default=0.5,
+                   help="feddifrc.dynamic-condition of the dynamic variant (the table's row: 0.5)")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
 
@@ -58,15 +63,30 @@ def main() -> None:
     proj_moon = build_classifier(cfg.model, 10, proj_dim=128)
     prev_moon = copy.deepcopy(proj_moon).eval().requires_grad_(False)
 
+    dyn_ctxs = [ClientContext(cfg=parse_run_config({**flat, "feddifrc.dynamic-condition": a.dynamic}),
+                              partition_id=i, num_partitions=10) for i in range(a.clients)]
+    _ = [c.shard for c in dyn_ctxs]  # loaded before the timed rounds
+
     def variants(i):
+        """name -> (the round's starting model, model -> its extra loss): the loss is built inside the timed
+        round, because the dynamic condition's targets depend on the model the client receives."""
         t = targets[i]
+
+        def difrc(tdcl: float, ndcr: float):
+            return lambda model: fd.FedDifRCLoss(t, tdcl, ndcr, o.tau, o.ndcr_form)
+
+        def dynamic(model):
+            return fd.FedDifRCLoss(fd.dynamic_targets(dyn_ctxs[i], t, model), o.lambda_tdcl, o.lambda_ndcr,
+                                   o.tau, o.ndcr_form)
+
         return {
-            "FedAvg": (plain, None),
-            "+TDCL only": (proj, fd.FedDifRCLoss(t, o.lambda_tdcl, 0.0, o.tau, o.ndcr_form)),
-            "+NDCR only": (proj, fd.FedDifRCLoss(t, 0.0, o.lambda_ndcr, o.tau, o.ndcr_form)),
-            "FedDifRC": (proj, fd.FedDifRCLoss(t, o.lambda_tdcl, o.lambda_ndcr, o.tau, o.ndcr_form)),
-            "MOON": (proj_moon,
-                     mn.MoonLoss(copy.deepcopy(proj_moon).eval().requires_grad_(False), prev_moon, 1.0, 0.5)),
+            "FedAvg": (plain, lambda model: None),
+            "+TDCL only": (proj, difrc(o.lambda_tdcl, 0.0)),
+            "+NDCR only": (proj, difrc(0.0, o.lambda_ndcr)),
+            "FedDifRC": (proj, difrc(o.lambda_tdcl, o.lambda_ndcr)),
+            "FedDifRC, dynamic condition": (proj, dynamic),
+            "MOON": (proj_moon, lambda model: mn.MoonLoss(copy.deepcopy(proj_moon).eval().requires_grad_(False),
+                                                          prev_moon, 1.0, 0.5)),
         }
 
     times: dict[str, list[float]] = {k: [] for k in variants(0)}
@@ -74,9 +94,10 @@ def main() -> None:
         for name in times:
             total = 0.0
             for i, c in enumerate(ctxs):
-                model, reg = variants(i)[name]
+                model, loss_for = variants(i)[name]
                 model = copy.deepcopy(model)
                 t1 = time.perf_counter()
+                reg = loss_for(model)
                 local_train(model, c.shard.train.x, c.shard.train.y, epochs=a.epochs, lr=cfg.lr, batch=cfg.batch_size,
                             seed=i, extra_loss=reg)
                 total += time.perf_counter() - t1
