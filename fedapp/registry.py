@@ -11,7 +11,8 @@ clients/: only this module, by name.
 from __future__ import annotations
 
 import importlib
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 
@@ -28,6 +29,8 @@ class MethodSpec:
     samples_clients: bool = False  # honours fraction-train / fraction-evaluate (Flower FedAvg's sampling)
     preflight: str | None = None  # "module:function", cfg -> reason | None: its own check before the run
     server_only_keys: frozenset[str] = frozenset()  # run-config keys no client reads (ReplyCache ignores them)
+    # per message type, the run-config keys its client handler does not read (ReplyCache ignores them for it)
+    unread_keys: Mapping[str, frozenset[str]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if (self.namespace is None) != (self.options is None):  # a namespace is the options' key prefix
@@ -54,7 +57,9 @@ _DCFM = dict(namespace="dcfm", options="fedapp.protocols.dcfm:DcfmOptions",
                  "dcfm.variant", "dcfm.rounds", "dcfm.peer-schedule", "dcfm.distill-steps", "dcfm.replay",
                  "dcfm.replay-paths", "dcfm.path-steps", "dcfm.sample-steps", "dcfm.samples-per-pair",
                  "dcfm.fl-local-steps", "dcfm.router-steps", "dcfm.ref-epochs", "dcfm.a-sampler", "run-name",
-                 "out-dir"}))
+                 "out-dir"}),
+             # A's peer-phase keys: a sweep over them finds its Stage I (`train`) in the cache
+             unread_keys={"train": frozenset({"dcfm.peer-steps", "dcfm.routes-per-batch", "dcfm.route-mask"})})
 
 METHODS: dict[str, MethodSpec] = {
     "fedavg": MethodSpec("fedapp.protocols.classify", "strategies.fedavg:FedAvgStrategy", "clients.classify",

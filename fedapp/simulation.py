@@ -198,7 +198,8 @@ class ReplyCache:
     draw comes from the run seed and the partition id), so a message it has answered before gets the
     reply it gave then. The key: the message type, the partition id, the run config record (RUN_KEY)
     less the keys only the server reads (the method's MethodSpec.server_only_keys; the round, ROUND_KEY,
-    stays), a digest of every other record of the message, and a digest of the
+    stays) and those this message type's handler does not read (MethodSpec.unread_keys: DCFM's Stage I
+    ignores A's peer-phase keys), a digest of every other record of the message, and a digest of the
     node's state before the call. A hit returns a copy of the reply and sets the node's state to what
     the call left, so later rounds of a stateful client stay exact. Error replies are not kept.
 
@@ -238,7 +239,8 @@ class ReplyCache:
         spec = registry.METHODS[method]
         h = hashlib.sha256()
         _feed(h, (spec.client, msg.metadata.message_type, int(partition_id)))
-        _feed_records(h, {RUN_KEY: run}, spec.server_only_keys | {"method"})
+        unread = spec.unread_keys.get(msg.metadata.message_type, frozenset())
+        _feed_records(h, {RUN_KEY: run}, spec.server_only_keys | unread | {"method"})
         _feed_records(h, {k: v for k, v in msg.content.items() if k != RUN_KEY})
         h.update(b"|state|")
         _feed_records(h, dict(state.items()) if state is not None else {})

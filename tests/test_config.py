@@ -80,6 +80,8 @@ def test_each_method_spec_states_its_traits():
     client_read = {"dcfm.lambda-ci", "dcfm.local-steps", "dcfm.peer-steps", "dcfm.lr", "dcfm.pi-full", "dcfm.width",
                    "dcfm.routes-per-batch", "dcfm.route-mask", "dcfm.ci-batch"}
     assert m["dcfm"].server_only_keys < set(all_defaults()) and not client_read & m["dcfm"].server_only_keys
+    # keys a message type's handler does not read are real keys, each read by some other message of the method
+    assert m["dcfm"].unread_keys["train"] < client_read and not m["fedavg"].unread_keys
     with pytest.raises(ValueError, match="namespace and options go together"):
         registry.MethodSpec("p", "s:S", "c", namespace="x")
 

@@ -398,6 +398,26 @@ def test_a_row_after_one_with_the_same_stage_one_reuses_it_exactly_through_a_rep
         assert shared[k] == pytest.approx(alone[k], abs=1e-6), k
 
 
+def test_a_sweep_over_a_peer_phase_key_finds_its_stage_one_in_the_reply_cache(tmp_path):
+    """Stage I (`train`) does not read A's peer-phase keys (MethodSpec.unread_keys), so an A row that changes
+    only them reuses the earlier row's Stage I and trains its own peer round; its figures equal those of the
+    same row run alone, which would not hold if Stage I read a key the cache ignores."""
+    from fedapp.simulation import ReplyCache, simulate_in_process
+
+    torch.set_num_threads(1)
+    first = {**TINY, **IN_PROCESS["dcfm-a"][0], "out-dir": str(tmp_path / "first")}
+    second = {**first, "dcfm.peer-steps": 3, "dcfm.routes-per-batch": 2, "dcfm.route-mask": False,
+              "out-dir": str(tmp_path / "second")}
+    alone = simulate_in_process(second, num_clients=3)["metrics"]
+    cache = ReplyCache()
+    simulate_in_process(first, num_clients=3, reply_cache=cache)
+    hits, entries = cache.hits, len(cache)
+    shared = simulate_in_process(second, num_clients=3, reply_cache=cache)["metrics"]
+    assert hits == 0 and cache.hits == 3 and len(cache) == entries + 3  # Stage I reused; a new peer round
+    for k in ("seen_composition_accuracy", "novel_composition_accuracy", "seen_distance", "novel_distance"):
+        assert shared[k] == pytest.approx(alone[k], abs=1e-6), k
+
+
 def test_a_reply_cache_keeps_rows_apart_whose_stage_one_differs(tmp_path):
     """DCFM's Stage I trains with the CI penalty, DDM's without: the same client module, different work, no hit."""
     from fedapp.simulation import ReplyCache, simulate_in_process
