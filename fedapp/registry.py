@@ -52,12 +52,14 @@ _ESPRESSO = dict(namespace="espresso", options="fedapp.protocols.espresso:Espres
 _PFDM = dict(namespace="pfdm", options="fedapp.protocols.pfdm:PFDMOptions")
 _DCFM = dict(namespace="dcfm", options="fedapp.protocols.dcfm:DcfmOptions",
              # what the server does after Stage I (variant, A's rounds, B's distillation, sampling, evaluation):
-             # DCFM-A and DCFM-B send the clients the same Stage I, which an experiment may then reuse
+             # DCFM-A and DCFM-B send the clients the same Stage I, which an experiment may then reuse;
+             # FedFlow's round count is the server's loop (each message carries its round), so a longer FedFlow
+             # run finds a shorter one's rounds
              server_only_keys=frozenset({
                  "dcfm.variant", "dcfm.rounds", "dcfm.peer-schedule", "dcfm.distill-steps", "dcfm.replay",
                  "dcfm.replay-paths", "dcfm.path-steps", "dcfm.sample-steps", "dcfm.samples-per-pair",
-                 "dcfm.fl-local-steps", "dcfm.router-steps", "dcfm.ref-epochs", "dcfm.a-sampler", "run-name",
-                 "out-dir"}),
+                 "dcfm.fl-local-steps", "dcfm.router-steps", "dcfm.ref-epochs", "dcfm.a-sampler",
+                 "num-server-rounds", "run-name", "out-dir"}),
              # A's peer-phase keys: a sweep over them finds its Stage I (`train`) in the cache
              unread_keys={"train": frozenset({"dcfm.peer-steps", "dcfm.routes-per-batch", "dcfm.route-mask"})})
 

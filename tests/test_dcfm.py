@@ -418,6 +418,25 @@ def test_a_sweep_over_a_peer_phase_key_finds_its_stage_one_in_the_reply_cache(tm
         assert shared[k] == pytest.approx(alone[k], abs=1e-6), k
 
 
+def test_a_longer_fedflow_run_finds_a_shorter_ones_rounds_in_the_reply_cache(tmp_path):
+    """FedFlow's clients never read num-server-rounds (the server's loop; each message carries its round), so a
+    2-round run after a 1-round one reuses round 1's replies and trains round 2; its figures equal the 2-round run
+    alone, which would not hold if a client's round-1 work depended on the round count."""
+    from fedapp.simulation import ReplyCache, simulate_in_process
+
+    torch.set_num_threads(1)
+    short = {**TINY, "method": "fedflow", "num-server-rounds": 1, "out-dir": str(tmp_path / "short")}
+    long = {**short, "num-server-rounds": 2, "out-dir": str(tmp_path / "long")}
+    alone = simulate_in_process(long, num_clients=3)["metrics"]
+    cache = ReplyCache()
+    simulate_in_process(short, num_clients=3, reply_cache=cache)
+    hits, entries = cache.hits, len(cache)
+    shared = simulate_in_process(long, num_clients=3, reply_cache=cache)["metrics"]
+    assert hits == 0 and cache.hits == 3 and len(cache) == entries + 3  # round 1 reused; round 2 trained
+    for k in ("seen_composition_accuracy", "novel_composition_accuracy", "seen_distance", "novel_distance"):
+        assert shared[k] == pytest.approx(alone[k], abs=1e-6), k
+
+
 def test_a_reply_cache_keeps_rows_apart_whose_stage_one_differs(tmp_path):
     """DCFM's Stage I trains with the CI penalty, DDM's without: the same client module, different work, no hit."""
     from fedapp.simulation import ReplyCache, simulate_in_process
