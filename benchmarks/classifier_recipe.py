@@ -1,10 +1,12 @@
 """Training throughput of the classifier recipe (`cnn`) against the one before it (`cnn-gap`), same run.
 
     python benchmarks/classifier_recipe.py [--sizes 28 16] [--batches 16 64] [--steps 30] [--threads N]
+    python benchmarks/classifier_recipe.py --models cnn resnet10 --sizes 28 --batches 16 --threads 1
 
 One training step is forward, cross-entropy, backward and an SGD step (momentum 0.9) on random images of
-the size given: throughput does not depend on the pixels. Prints images/s of each model and the ratio
-cnn / cnn-gap per (size, batch); the median of --repeats timings of --steps steps after a warm-up.
+the size given: throughput does not depend on the pixels. Prints images/s of each model and each model's
+ratio to the first of --models (the baseline) per (size, batch); the median of --repeats timings of --steps
+steps after a warm-up. The second command prices FedDifRC's paper backbone (ResNet-10) against the tables' CNN.
 """
 
 from __future__ import annotations
@@ -54,16 +56,20 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=torch.get_num_threads())
+    p.add_argument("--models", nargs="+", default=list(MODELS), help="built-in classifiers; the first is the baseline")
     a = p.parse_args()
     torch.set_num_threads(a.threads)
-    params = {m: sum(t.numel() for t in build_classifier(m, 10).parameters()) for m in MODELS}
+    base, models = a.models[0], a.models
+    params = {m: sum(t.numel() for t in build_classifier(m, 10).parameters()) for m in models}
     print("parameters: " + ", ".join(f"{m} {n:,}" for m, n in params.items()) + f"; {a.threads} threads")
-    print("| size | batch | cnn-gap img/s | cnn img/s | cnn / cnn-gap |\n|---|---|---|---|---|")
+    print("| size | batch | " + " | ".join(f"{m} img/s" for m in models) + " | "
+          + " | ".join(f"{m} / {base}" for m in models[1:]) + " |")
+    print("|---|---|" + "---|" * (2 * len(models) - 1))
     for size in a.sizes:
         for batch in a.batches:
-            ips = {m: images_per_second(m, size, batch, a.steps, a.repeats) for m in MODELS}
-            print(f"| {size} | {batch} | {ips['cnn-gap']:.0f} | {ips['cnn']:.0f} | {ips['cnn'] / ips['cnn-gap']:.2f} |",
-                  flush=True)
+            ips = {m: images_per_second(m, size, batch, a.steps, a.repeats) for m in models}
+            print(f"| {size} | {batch} | " + " | ".join(f"{ips[m]:.0f}" for m in models) + " | "
+                  + " | ".join(f"{ips[m] / ips[base]:.2f}" for m in models[1:]) + " |", flush=True)
 
 
 if __name__ == "__main__":
