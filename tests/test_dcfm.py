@@ -378,63 +378,61 @@ def test_every_flow_method_runs_its_protocol_on_an_in_process_grid(tmp_path, nam
         assert transfers <= v < transfers + (0.5 if name == "ddm" else 0.1), (c, v)
 
 
+FIGURES = ("seen_composition_accuracy", "novel_composition_accuracy", "seen_distance", "novel_distance")
+
+
+def _through_one_cache(first: dict, second: dict):
+    """Run `second` alone, then `first` and `second` through one ReplyCache. Returns the cache's hits after
+    `first`, its hits after `second`, the entries `second` added, and the second run's figures shared and alone."""
+    from fedapp.simulation import ReplyCache, simulate_in_process
+
+    torch.set_num_threads(1)
+    alone = simulate_in_process(second, num_clients=3)["metrics"]
+    cache = ReplyCache()
+    simulate_in_process(first, num_clients=3, reply_cache=cache)
+    hits, entries = cache.hits, len(cache)
+    shared = simulate_in_process(second, num_clients=3, reply_cache=cache)["metrics"]
+    return hits, cache.hits, len(cache) - entries, shared, alone
+
+
+def _assert_same_figures(shared: dict, alone: dict):
+    for k in FIGURES:
+        assert shared[k] == pytest.approx(alone[k], abs=1e-6), k
+
+
 @pytest.mark.parametrize("first, second", [("dcfm-a", "dcfm-b"), ("ddm", "local-only-flow")])
 def test_a_row_after_one_with_the_same_stage_one_reuses_it_exactly_through_a_reply_cache(tmp_path, first, second):
     """The DCFM table's rows of a (seed, split) share one ReplyCache. A and B send the clients the same Stage I
     (their configs differ only in server-only keys); DDM and local-only-flow send the same plain Stage I under
     two method names that share one client module. So the second row's Stage I is the first's replies, and its
     figures equal those of a run that trained its own experts."""
-    from fedapp.simulation import ReplyCache, simulate_in_process
-
-    torch.set_num_threads(1)
     a_cfg, b_cfg = ({**TINY, **IN_PROCESS[name][0], "out-dir": str(tmp_path / name)} for name in (first, second))
-    alone = simulate_in_process(b_cfg, num_clients=3)["metrics"]
-    cache = ReplyCache()
-    simulate_in_process(a_cfg, num_clients=3, reply_cache=cache)
-    hits = cache.hits
-    shared = simulate_in_process(b_cfg, num_clients=3, reply_cache=cache)["metrics"]
-    assert hits == 0 and cache.hits == 3  # each client's Stage I, once
-    for k in ("seen_composition_accuracy", "novel_composition_accuracy", "seen_distance", "novel_distance"):
-        assert shared[k] == pytest.approx(alone[k], abs=1e-6), k
+    before, after, _, shared, alone = _through_one_cache(a_cfg, b_cfg)
+    assert before == 0 and after == 3  # each client's Stage I, once
+    _assert_same_figures(shared, alone)
 
 
 def test_a_sweep_over_a_peer_phase_key_finds_its_stage_one_in_the_reply_cache(tmp_path):
     """Stage I (`train`) does not read A's peer-phase keys (MethodSpec.unread_keys), so an A row that changes
     only them reuses the earlier row's Stage I and trains its own peer round; its figures equal those of the
     same row run alone, which would not hold if Stage I read a key the cache ignores."""
-    from fedapp.simulation import ReplyCache, simulate_in_process
-
-    torch.set_num_threads(1)
     first = {**TINY, **IN_PROCESS["dcfm-a"][0], "out-dir": str(tmp_path / "first")}
     second = {**first, "dcfm.peer-steps": 3, "dcfm.routes-per-batch": 2, "dcfm.route-mask": False,
               "out-dir": str(tmp_path / "second")}
-    alone = simulate_in_process(second, num_clients=3)["metrics"]
-    cache = ReplyCache()
-    simulate_in_process(first, num_clients=3, reply_cache=cache)
-    hits, entries = cache.hits, len(cache)
-    shared = simulate_in_process(second, num_clients=3, reply_cache=cache)["metrics"]
-    assert hits == 0 and cache.hits == 3 and len(cache) == entries + 3  # Stage I reused; a new peer round
-    for k in ("seen_composition_accuracy", "novel_composition_accuracy", "seen_distance", "novel_distance"):
-        assert shared[k] == pytest.approx(alone[k], abs=1e-6), k
+    before, after, added, shared, alone = _through_one_cache(first, second)
+    assert before == 0 and after == 3 and added == 3  # Stage I reused; a new peer round
+    _assert_same_figures(shared, alone)
 
 
 def test_a_longer_fedflow_run_finds_a_shorter_ones_rounds_in_the_reply_cache(tmp_path):
     """FedFlow's clients never read num-server-rounds (the server's loop; each message carries its round), so a
     2-round run after a 1-round one reuses round 1's replies and trains round 2; its figures equal the 2-round run
     alone, which would not hold if a client's round-1 work depended on the round count."""
-    from fedapp.simulation import ReplyCache, simulate_in_process
-
-    torch.set_num_threads(1)
     short = {**TINY, "method": "fedflow", "num-server-rounds": 1, "out-dir": str(tmp_path / "short")}
     long = {**short, "num-server-rounds": 2, "out-dir": str(tmp_path / "long")}
-    alone = simulate_in_process(long, num_clients=3)["metrics"]
-    cache = ReplyCache()
-    simulate_in_process(short, num_clients=3, reply_cache=cache)
-    hits, entries = cache.hits, len(cache)
-    shared = simulate_in_process(long, num_clients=3, reply_cache=cache)["metrics"]
-    assert hits == 0 and cache.hits == 3 and len(cache) == entries + 3  # round 1 reused; round 2 trained
-    for k in ("seen_composition_accuracy", "novel_composition_accuracy", "seen_distance", "novel_distance"):
-        assert shared[k] == pytest.approx(alone[k], abs=1e-6), k
+    before, after, added, shared, alone = _through_one_cache(short, long)
+    assert before == 0 and after == 3 and added == 3  # round 1 reused; round 2 trained
+    _assert_same_figures(shared, alone)
 
 
 def test_a_reply_cache_keeps_rows_apart_whose_stage_one_differs(tmp_path):
