@@ -14,7 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedapp.client_context import ClientContext
-from fedapp.models.classifier import build_classifier
+from fedapp.models.classifier import build_classifier, minibatches
 from fedapp.protocols import (ACCURACY_KEY, ARRAYS_KEY, EVALUATE, LOSS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY,
                               PROXIMAL_MU_KEY, ROUND_KEY, RUN_KEY)
 from fedapp.protocols.classify import TRAIN
@@ -39,8 +39,7 @@ def local_train(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: i
     for _ in range(epochs):
         perm = torch.randperm(len(x), generator=gen)
         totals, n = {"loss": 0.0, "ce": 0.0}, 0
-        for i in range(0, len(x), batch):
-            idx = perm[i : i + batch]
+        for idx in minibatches(perm, batch, model):
             xb, yb = x[idx].to(device), y[idx].to(device)
             ce = F.cross_entropy(model(xb), yb)
             loss = ce

@@ -96,3 +96,24 @@ def test_random_shift_translates_each_image_by_at_most_shift_pixels():
         assert found, k  # the centre is the input moved by (dy, dx); the border repeats the edge
         offsets.add(found[0])
     assert len(offsets) > 5  # each image its own draw
+
+
+def test_a_batchnorm_resnet_trains_a_shard_that_leaves_one_image_over():
+    """17 images in batches of 16 left a last batch of one, which BatchNorm refuses: the ResNet client failed
+    every round it was sampled. Now the one joins the batch before, every image is still seen once an epoch,
+    and a model without BatchNorm keeps the plain split (its older tables reproduce step for step)."""
+    from clients.classify import local_train
+    from fedapp.models.classifier import minibatches
+
+    perm = torch.randperm(17, generator=torch.Generator().manual_seed(0))
+    resnet, cnn = build_classifier("resnet10", 10), build_classifier("cnn", 10)
+    merged, plain = minibatches(perm, 16, resnet), minibatches(perm, 16, cnn)
+    assert [len(b) for b in merged] == [17] and [len(b) for b in plain] == [16, 1]
+    assert sorted(torch.cat(merged).tolist()) == list(range(17))
+    assert [len(b) for b in minibatches(perm, 8, resnet)] == [8, 9]
+    assert [len(b) for b in minibatches(perm[:16], 8, resnet)] == [8, 8]
+
+    x, y = torch.randn(17, 3, 28, 28), torch.arange(17) % 10
+    before = [p.detach().clone() for p in resnet.parameters()]
+    stats = local_train(resnet, x, y, epochs=1, lr=0.01, batch=16, seed=0)
+    assert stats["ce"] > 0 and any(not torch.equal(a, b) for a, b in zip(before, resnet.parameters()))
