@@ -1,6 +1,7 @@
 """A small CNN classifier: the reference classifier (sample accuracy, Frechet distance features)
 and a light client model. GroupNorm instead of BatchNorm so the state dict has no running
-statistics: FedAvg averages parameters only, and eval equals train behaviour."""
+statistics: FedAvg averages parameters only, and eval equals train behaviour. The transformers ResNets
+(FedDifRC's paper backbone) keep their BatchNorm; FedAvg averages its running statistics with the weights."""
 
 from __future__ import annotations
 
