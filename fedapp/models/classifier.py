@@ -85,7 +85,7 @@ def train_classifier(model: nn.Module, x: torch.Tensor, y: torch.Tensor, epochs:
     device = next(model.parameters()).device
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay)
-    total = epochs * max(1, -(-len(x) // batch))
+    total = epochs * max(1, len(minibatches(torch.arange(len(x)), batch, model)))  # the steps the loop takes
     sched = torch.optim.lr_scheduler.CosineAnnealingLR(opt, total)
     model.train()
     for epoch in (track(range(epochs), progress, eta=True) if progress else range(epochs)):
