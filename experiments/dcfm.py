@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from experiments.common import (BACKENDS, all_converged, available_cpus, check_configs, check_cpu_budget,
-                                count_text, generative_verdict, kid_cell, over_seeds, paired_difference, paired_text,
-                                parse_set, prog, run, subset_of, verdict_mark)
+                                count_text, file_lock, generative_verdict, kid_cell, over_seeds, paired_difference,
+                                paired_text, parse_set, prog, run, subset_of, verdict_mark)
 from fedapp.results import atomic_write_json
 
 ROWS = [("fedflow", {}), ("ddm", {}), ("local-only-flow", {}),
@@ -233,6 +233,29 @@ def write_views(path: Path, done: dict, compute: dict[str, dict]) -> None:
     atomic_write_json(path, done)
 
 
+def on_disk(path: Path, settings: dict, clients: int) -> dict:
+    """The table json at `path` when it was written under the same settings and clients; else a fresh one."""
+    done = json.loads(path.read_text()) if path.exists() else {}
+    if done.get("settings") != settings or done.get("clients") != clients:
+        done = {"settings": settings, "clients": clients, "rows": []}
+    return done
+
+
+def cell(r: dict) -> tuple[str, str, int]:
+    return r["method"], r["split"], r.get("seed", 0)
+
+
+def record_row(path: Path, row: dict, settings: dict, clients: int, compute: dict[str, dict]) -> dict:
+    """Adds one finished run to the json under a lock, merged with the rows another runner (other seeds, the
+    same settings) wrote meanwhile, so two runners side by side never overwrite each other's cells; returns
+    the merged json."""
+    with file_lock(path):
+        done = on_disk(path, settings, clients)
+        done["rows"] = [r for r in done["rows"] if cell(r) != cell(row)] + [row]
+        write_views(path, done, {**done.get("compute", {}), **compute})
+    return done
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog("dcfm"), description=__doc__.split("\n")[0])
     p.add_argument("--clients", type=int, default=5)
@@ -273,12 +296,8 @@ def main(argv: list[str]) -> None:
     if a.sweep:  # a sweep's rows are not the table's: their own json
         stem += f"_sweep_{a.sweep.partition('=')[0]}"
     out = Path(a.out) / f"{stem}.json"
-    done = json.loads(out.read_text()) if out.exists() else {}
-    if done.get("settings") != settings or done.get("clients") != a.clients:
-        done = {"settings": settings, "clients": a.clients, "rows": []}
-    have = {(r["method"], r["split"], r.get("seed", 0)) for r in done["rows"]}
-    # rows an earlier invocation ran (other --rows or sweep values, same settings) keep their compute
-    compute = {**done.get("compute", {}), **{n: flow_compute(n, settings, a.clients, e) for n, e in rows}}
+    # this invocation's rows; those of earlier ones (other --rows or sweep values) stay in the json (record_row)
+    compute = {n: flow_compute(n, settings, a.clients, e) for n, e in rows}
     from fedapp.simulation import ReplyCache
 
     for seed in seeds:
@@ -286,13 +305,16 @@ def main(argv: list[str]) -> None:
             # kept on disk too (<runs>/reply-cache): a table cut between DCFM-A and DCFM-B trains Stage I once
             cache = ReplyCache(Path(a.runs) / "reply-cache") if a.backend == "inprocess" else None
             for name, extra in rows:
-                if (name, split, seed) in have:
-                    continue
-                done["rows"].append(run_one(name, extra, split, a.clients, settings, a.runs, a.backend, seed, cache))
-                write_views(out, done, compute)
-                print(table(done["rows"], compute), flush=True)
-    done["paper_noniid_novel_fid"] = PAPER_NONIID_NOVEL_FID
-    write_views(out, done, compute)
+                if (name, split, seed) in {cell(r) for r in on_disk(out, settings, a.clients)["rows"]}:
+                    continue  # run before, or meanwhile by another runner
+                row = run_one(name, extra, split, a.clients, settings, a.runs, a.backend, seed, cache)
+                done = record_row(out, row, settings, a.clients, compute)
+                print(table(done["rows"], done["compute"]), flush=True)
+    with file_lock(out):
+        done = on_disk(out, settings, a.clients)
+        done["paper_noniid_novel_fid"] = PAPER_NONIID_NOVEL_FID
+        compute = {**done.get("compute", {}), **compute}
+        write_views(out, done, compute)
     copy_grids(done["rows"], out.parent, stem)
     print(table(done["rows"], compute))
     if done["paired"]:

@@ -457,6 +457,35 @@ def test_dcfm_rows_compute_verdict_per_split_and_paired_rows():
     assert cells["dcfm-a", "iid"]["verdict"]["converged"] and not cells["fedflow", "non-iid"]["verdict"]["converged"]
 
 
+def test_two_dcfm_table_runners_merge_their_cells_into_one_json(tmp_path):
+    """Two runners (seeds 0 and 1, the same settings) each hold an old view of the json: record_row merges under
+    the lock, so neither overwrites the other's cells; a cell run again replaces its row; other settings start
+    a fresh table."""
+    from experiments.dcfm import SETTINGS, record_row
+
+    path, settings = tmp_path / "dcfm_colored-mnist.json", {**SETTINGS, "dataset": "colored-mnist"}
+
+    def row(method, seed, novel_d):
+        return {"method": method, "split": "non-iid", "seed": seed, "seen_distance": 1.0, "novel_distance": novel_d,
+                "seen_composition_accuracy": 0.95, "novel_composition_accuracy": 0.5,
+                "model_transfers_per_client": 1.0}
+
+    record_row(path, row("fedflow", 0, 10.0), settings, 5, {"fedflow": {"steps": 1, "images_seen": 64}})
+    record_row(path, row("fedflow", 1, 12.0), settings, 5, {"dcfm-a": {"steps": 2, "images_seen": 128}})
+    done = record_row(path, row("dcfm-a", 1, 9.0), settings, 5, {})
+    assert json.loads(path.read_text()) == done
+    assert sorted((r["method"], r["seed"]) for r in done["rows"]) == [("dcfm-a", 1), ("fedflow", 0), ("fedflow", 1)]
+    assert set(done["compute"]) == {"fedflow", "dcfm-a"}  # each runner's compute kept
+    (ff,) = [m for m in done["mean_over_seeds"] if m["method"] == "fedflow"]
+    assert ff["seeds"] == [0, 1]
+    (q,) = done["paired"]  # dcfm-a against fedflow on seed 1, the only seed both have
+    assert q["novel_distance"]["per_seed"] == {"1": -3.0}
+    done = record_row(path, row("fedflow", 1, 11.0), settings, 5, {})  # the same cell again: replaced
+    assert [r["novel_distance"] for r in done["rows"] if r["method"] == "fedflow"] == [10.0, 11.0]
+    done = record_row(path, row("fedflow", 0, 5.0), {**settings, "dcfm.width": 8}, 5, {})
+    assert [(r["method"], r["seed"]) for r in done["rows"]] == [("fedflow", 0)]
+
+
 def test_dcfm_copies_each_methods_first_non_iid_grid_beside_the_json(tmp_path):
     from experiments.dcfm import copy_grids
 
