@@ -144,8 +144,8 @@ def run_toy(steps: int = 400, fl_rounds: int = 20, distill_steps: int = 800, rou
     if "ddm" in methods:  # experts without CI + a router (x_t, t) -> expert from their own samples
         plain = local_experts(data, steps, 0.0, pi, seed)
         ids = sorted(plain)
-        router = train_router([plain[a] for a in ids], (2,), steps=router_steps, batch=BATCH, lr=LR,
-                              sample_steps=SAMPLE_STEPS, seed=seed + 9, clip=2 * CENTRE + 1)
+        router = train_router([plain[a] for a in ids], [counts[a] for a in ids], (2,), steps=router_steps,
+                              batch=BATCH, lr=LR, sample_steps=SAMPLE_STEPS, seed=seed + 9, clip=2 * CENTRE + 1)
         out["ddm"] = sample(routed_field([plain[a] for a in ids], router, want))
     if not {"dcfm-a", "dcfm-b"} & set(methods):
         return {"samples": out, "mode_share": {k: mode_share(v) for k, v in out.items()}, "data": data, **extra}

@@ -167,6 +167,37 @@ def test_ci_residuals_are_zero_only_where_the_composite_is_the_joint_field():
     assert abs(inter["ci_residual_self"] - want) < 1e-6 and inter["ci_residual_mixture"] == inter["ci_residual_self"]
 
 
+def test_ddm_router_learns_from_each_experts_samples_of_its_own_pairs():
+    """train_router asks each expert only for the pairs it trained on (drawn by its counts), never the null label
+    a plain expert never learned; on experts whose velocity is their label's digit, x1 = x0 + digit, so the
+    router tells them apart near t = 1."""
+    from strategies.fedflow import train_router
+
+    asked = {0: [], 1: []}
+
+    def expert(a):
+        def v(x, t, y):
+            asked[a].append(y.clone())
+            return y[:, :1].float().expand_as(x)
+        return v
+
+    counts = [torch.zeros(10, 6, dtype=torch.long), torch.zeros(10, 6, dtype=torch.long)]
+    counts[0][1, 2], counts[0][2, 3] = 5, 1  # expert 0: digits 1, 2; expert 1: digit 7
+    counts[1][7, 0] = 3
+    router = train_router([expert(0), expert(1)], counts, (2,), steps=300, batch=64, lr=0.01, sample_steps=4,
+                          seed=0, per_expert=128, clip=10.0)
+    for a, pairs in ((0, {(1, 2), (2, 3)}), (1, {(7, 0)})):
+        ys = {tuple(r) for y in asked[a] for r in y.tolist()}
+        assert ys == pairs  # each of its pairs, nothing else (no null label -1)
+    first = torch.cat(asked[0][:1])[:, 0]
+    assert 0.6 < (first == 1).float().mean() < 0.95  # drawn by its counts: 5 of 6
+    x0 = torch.randn(200, 2, generator=torch.Generator().manual_seed(1))
+    t = torch.full((200,), 0.9)
+    for a, digit in ((0, 1.0), (1, 7.0)):
+        x_t = 0.9 * (x0 + digit) + 0.1 * torch.randn(200, 2)
+        assert (router(x_t, t).argmax(1) == a).float().mean() > 0.9
+
+
 def test_replay_paths_follow_the_routed_composite_teacher_and_the_student_sees_masked_labels():
     from strategies.dcfm import distill_student, replay_buffer
 
