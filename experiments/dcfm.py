@@ -7,7 +7,8 @@ local-only-flow, DCFM-A and DCFM-B.
     # "<row>@<key>=<value>", written to <out>/dcfm[_<dataset>]_sweep_<key>.json; Stage I is shared
     python -m experiments dcfm --rows dcfm-b --splits non-iid --sweep dcfm.distill-steps=500,1000,2000
 
-Writes <out>/dcfm[_<dataset>].json (one row per run, written after each run so an interrupted table resumes;
+Writes <out>/dcfm[_<dataset>].json (one row per run, merged in under a lock after each run, so an interrupted
+table resumes and runners of different seeds, side by side, share it;
 the mean +- std over seeds per method and split) and <out>/dcfm[_<dataset>]_grid.png (DCFM-B, non-IID, first
 seed: digit x colour, novel cells framed in white). The distances are on
 SmallCNN features (digit + colour reference classifiers trained on the server's real data), NOT Inception.
