@@ -239,6 +239,7 @@ def on_disk(path: Path, settings: dict, clients: int) -> dict:
     done = json.loads(path.read_text()) if path.exists() else {}
     if done.get("settings") != settings or done.get("clients") != clients:
         done = {"settings": settings, "clients": clients, "rows": []}
+    done["paper_noniid_novel_fid"] = PAPER_NONIID_NOVEL_FID
     return done
 
 
@@ -246,13 +247,14 @@ def cell(r: dict) -> tuple[str, str, int]:
     return r["method"], r["split"], r.get("seed", 0)
 
 
-def record_row(path: Path, row: dict, settings: dict, clients: int, compute: dict[str, dict]) -> dict:
-    """Adds one finished run to the json under a lock, merged with the rows another runner (other seeds, the
-    same settings) wrote meanwhile, so two runners side by side never overwrite each other's cells; returns
-    the merged json."""
+def record_row(path: Path, row: dict | None, settings: dict, clients: int, compute: dict[str, dict]) -> dict:
+    """Adds one finished run (None: none, the views only) to the json under a lock, merged with the rows another
+    runner (other seeds, the same settings) wrote meanwhile, so two runners side by side never overwrite each
+    other's cells; returns the merged json."""
     with file_lock(path):
         done = on_disk(path, settings, clients)
-        done["rows"] = [r for r in done["rows"] if cell(r) != cell(row)] + [row]
+        if row is not None:
+            done["rows"] = [r for r in done["rows"] if cell(r) != cell(row)] + [row]
         write_views(path, done, {**done.get("compute", {}), **compute})
     return done
 
@@ -311,12 +313,8 @@ def main(argv: list[str]) -> None:
                 row = run_one(name, extra, split, a.clients, settings, a.runs, a.backend, seed, cache)
                 done = record_row(out, row, settings, a.clients, compute)
                 print(table(done["rows"], done["compute"]), flush=True)
-    with file_lock(out):
-        done = on_disk(out, settings, a.clients)
-        done["paper_noniid_novel_fid"] = PAPER_NONIID_NOVEL_FID
-        compute = {**done.get("compute", {}), **compute}
-        write_views(out, done, compute)
+    done = record_row(out, None, settings, a.clients, compute)
     copy_grids(done["rows"], out.parent, stem)
-    print(table(done["rows"], compute))
+    print(table(done["rows"], done["compute"]))
     if done["paired"]:
         print(f"\n{paired_table(done['paired'])}")

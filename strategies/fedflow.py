@@ -29,6 +29,7 @@ from fedapp.protocols import METRICS_KEY
 from fedapp.protocols import dcfm as P
 from fedapp.server import RoundStrategy, ServerRun
 from fedapp.server.checkpoint import save_model
+from strategies.dcfm import seen_pairs
 from strategies.flow import FlowEvaluation, FlowStrategy, FlowTask
 
 
@@ -115,8 +116,6 @@ def train_router(experts: list, counts: list[torch.Tensor], shape: tuple[int, ..
     expert never trains the null label, so its null-label samples are not its data (a router trained on them
     left DDM at 26 % seen-pair accuracy on 16 px colored-mnist: docs/dcfm.md). Samples are clipped to
     [-clip, clip] (images: [-1, 1]; the 2-D toy passes its own range)."""
-    from strategies.dcfm import seen_pairs
-
     g = torch.Generator().manual_seed(seed)
     xs, labels = [], []
     for a, (e, n) in enumerate(zip(experts, counts, strict=True)):
