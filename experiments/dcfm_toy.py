@@ -269,6 +269,16 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return a
 
 
+def vs_fedflow(table: dict) -> dict:
+    """Same-seed differences of each method's missing-mode share against FedFlow's (the paper's baseline),
+    experiments.common.paired_difference: {method: {mean, std, n, favour, per_seed}}."""
+    from experiments.common import paired_difference
+
+    base = dict(enumerate(table["fedflow"]["per_seed"]))
+    return {m: paired_difference(dict(enumerate(table[m]["per_seed"])), base, higher_is_better=True)
+            for m in METHODS if m != "fedflow" and m in table}
+
+
 def main(argv: list[str]) -> None:
     a = parse(argv)
     torch.set_num_threads(a.threads)
@@ -287,7 +297,8 @@ def main(argv: list[str]) -> None:
     table, first = over_seeds(seeds, a.methods, lambda_ci=a.lambda_ci, **settings)
     out = Path(a.out)
     plot(first, out / "dcfm_toy.png")
-    info = {"mode_share": table, "sweep": sweep, "seconds": round(time.time() - t0, 1),
+    info = {"mode_share": table, "vs_fedflow": vs_fedflow(table) if "fedflow" in table else {}, "sweep": sweep,
+            "seconds": round(time.time() - t0, 1),
             "settings": {**settings, "lambda_ci": a.lambda_ci, "seeds": seeds, "methods": list(a.methods),
                          "sweep_seeds": a.sweep_seeds}}
     atomic_write_json(out / "dcfm_toy.json", info)

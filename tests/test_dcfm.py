@@ -478,6 +478,17 @@ def test_a_reply_cache_keeps_rows_apart_whose_stage_one_differs(tmp_path):
     assert cache.hits == 0 and len(cache) >= 6
 
 
+def test_toy_json_pairs_each_method_with_fedflow_seed_by_seed():
+    from experiments.dcfm_toy import vs_fedflow
+
+    table = {"fedflow": {"per_seed": [0.1, 0.0]}, "dcfm-a": {"per_seed": [0.9, 0.7]}, "ddm": {"per_seed": [0.0, 0.0]},
+             "uncond_gap": {"per_seed": [0.4, 0.5]}}
+    d = vs_fedflow(table)
+    assert set(d) == {"dcfm-a", "ddm"}  # methods only, not the diagnostics
+    assert d["dcfm-a"]["per_seed"] == pytest.approx({"0": 0.8, "1": 0.7}) and d["dcfm-a"]["favour"] == 2
+    assert d["ddm"]["per_seed"] == pytest.approx({"0": -0.1, "1": 0.0}) and d["ddm"]["favour"] == 0
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["--seeds", "0"], ["--methods", "dcfm-c"], ["--sweep", "1,x"],
                                   ["--lambda-ci", "-1"], ["--route-mask", "maybe"]])
 def test_toy_cli_writes_nothing_on_help_or_a_bad_argument(tmp_path, monkeypatch, argv):
