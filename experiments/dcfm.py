@@ -10,7 +10,8 @@ local-only-flow, DCFM-A and DCFM-B.
 Writes <out>/dcfm[_<dataset>].json (one row per run, merged in under a lock after each run, so an interrupted
 table resumes and runners of different seeds, side by side, share it;
 the mean +- std over seeds per method and split) and <out>/dcfm[_<dataset>]_grid.png (DCFM-B, non-IID, first
-seed: digit x colour, novel cells framed in white). The distances are on
+seed: digit x colour, novel cells framed in white); with --doc PAGE.md, the same table as markdown in the
+page's generated block (experiments.common.write_block). The distances are on
 SmallCNN features (digit + colour reference classifiers trained on the server's real data), NOT Inception.
 
 Beside the figures (experiments.common): per split a convergence verdict, converged when every seed's
@@ -37,7 +38,7 @@ from typing import Any
 
 from experiments.common import (BACKENDS, all_converged, available_cpus, check_configs, check_cpu_budget,
                                 count_text, file_lock, generative_verdict, kid_cell, over_seeds, paired_difference,
-                                paired_text, parse_set, prog, run, subset_of, verdict_mark)
+                                paired_text, parse_set, prog, run, subset_of, verdict_mark, write_block)
 from fedapp.results import atomic_write_json
 
 ROWS = [("fedflow", {}), ("ddm", {}), ("local-only-flow", {}),
@@ -189,6 +190,68 @@ def paired_table(paired: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def pct(r: dict, key: str) -> str:
+    return f"{100 * r[key]:.1f}" if isinstance(r.get(key), (int, float)) else "n/a"
+
+
+def mean_pct(m: dict, key: str) -> str:
+    """"34.8 ± 1.2" (percent, mean ± std over seeds) from a summarise() row."""
+    return f"{100 * m[key]:.1f} ± {100 * m[key + '_seed_std']:.1f}" if key in m else "n/a"
+
+
+def mean_num(m: dict, key: str) -> str:
+    return f"{m[key]:,.0f} ± {m[key + '_seed_std']:,.0f}" if key in m else "n/a"
+
+
+def seconds_text(r: dict) -> str:
+    """The run's wall time, and how many client calls it took from the reply cache instead of running them."""
+    reused = r.get("client_calls_reused") or 0
+    return f"{r.get('seconds', 0):,.0f}" + (f" ({reused} client calls cached)" if reused else "")
+
+
+def kid_text(r: dict) -> str:
+    """KID ± its std over subsets, as the json keeps it (fedapp.metrics.kernel_distance)."""
+    return f"{r['novel_kid']:,.0f} ± {r['novel_kid_std']:,.0f}" if "novel_kid" in r else "n/a"
+
+
+def markdown(done: dict) -> str:
+    """The table json as markdown for docs/ (--doc): each run, the mean ± std over seeds per (split, method)
+    with its split's verdict, and the same-seed differences of A and B against FedFlow and DDM."""
+    runs = sorted(done["rows"], key=lambda r: (SPLITS.index(r["split"]) if r["split"] in SPLITS else 9,
+                                               [n for n, _ in ROWS].index(r["method"])
+                                               if r["method"] in dict(ROWS) else 9, r.get("seed", 0)))
+    lines = ["Each run (accuracies in %: the digit and colour readers' reading of the samples; a pair is right when "
+             "both are):", "",
+             "| split | method | seed | seen pairs | novel pairs | digit seen / novel | colour seen / novel "
+             "| FD seen / novel | KID novel | transfers a client | seconds |", "|" + "---|" * 11]
+    for r in runs:
+        lines.append(f"| {r['split']} | {r['method']} | {r.get('seed', 0)} | {pct(r, 'seen_composition_accuracy')} "
+                     f"| {pct(r, 'novel_composition_accuracy')} "
+                     f"| {pct(r, 'seen_digit_accuracy')} / {pct(r, 'novel_digit_accuracy')} "
+                     f"| {pct(r, 'seen_color_accuracy')} / {pct(r, 'novel_color_accuracy')} "
+                     f"| {r['seen_distance']:,.0f} / {r['novel_distance']:,.0f} | {kid_text(r)} "
+                     f"| {r['model_transfers_per_client']:.1f} | {seconds_text(r)} |")
+    lines += ["", "Mean ± std over seeds (FD: Fréchet distance on the readers' features, lower is better):", "",
+              "| split | method | seeds | seen pairs | novel pairs | novel digit | novel colour | FD seen | FD novel "
+              "| steps | split verdict |", "|" + "---|" * 11]
+    for m in done.get("mean_over_seeds", []):
+        lines.append(f"| {m['split']} | {m['method']} | {','.join(map(str, m['seeds']))} "
+                     f"| {mean_pct(m, 'seen_composition_accuracy')} | {mean_pct(m, 'novel_composition_accuracy')} "
+                     f"| {mean_pct(m, 'novel_digit_accuracy')} | {mean_pct(m, 'novel_color_accuracy')} "
+                     f"| {mean_num(m, 'seen_distance')} | {mean_num(m, 'novel_distance')} "
+                     f"| {count_text(m.get('steps'))} | {verdict_mark(m['verdict']) or 'converged'} |")
+    if done.get("paired"):
+        lines += ["", "Same seeds, row − reference: mean ± std (seeds favouring the row / seeds paired):", "",
+                  "| split | row − reference | novel FD | novel pairs (points) |", "|---|---|---|---|"]
+        for q in done["paired"]:
+            acc = {**q["novel_composition_accuracy"]}
+            if acc["n"]:
+                acc.update(mean=100 * acc["mean"], std=100 * acc["std"])
+            lines.append(f"| {q['split']} | {q['method']} − {q['against']} | {paired_text(q['novel_distance'], 0)} "
+                         f"| {paired_text(acc, 1)} |")
+    return "\n".join(lines)
+
+
 MEAN_KEYS = ("seen_distance", "novel_distance", "seen_kid", "novel_kid", "seen_composition_accuracy",
              "novel_composition_accuracy", "novel_digit_accuracy", "novel_color_accuracy", "model_transfers_recounted")
 
@@ -274,6 +337,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--splits", default=",".join(SPLITS), help=f"subset of {','.join(SPLITS)}")
     p.add_argument("--sweep", default=None, metavar="KEY=V1,V2,...",
                    help="run each of --rows once per value of one run-config key (a budget sweep; its own json)")
+    p.add_argument("--doc", default=None, metavar="PAGE.md",
+                   help="also write the table as markdown into this page (its generated block dcfm:<stem>)")
     p.add_argument("--backend", choices=BACKENDS, default="inprocess",
                    help="inprocess: fedapp.simulation.simulate_in_process (no Ray start-up); ray: fedapp.simulate")
     p.add_argument("--threads", type=int, default=available_cpus(),
@@ -315,6 +380,8 @@ def main(argv: list[str]) -> None:
                 print(table(done["rows"], done["compute"]), flush=True)
     done = record_row(out, None, settings, a.clients, compute)
     copy_grids(done["rows"], out.parent, stem)
+    if a.doc:
+        write_block(Path(a.doc), f"dcfm:{stem}", markdown(done))
     print(table(done["rows"], done["compute"]))
     if done["paired"]:
         print(f"\n{paired_table(done['paired'])}")

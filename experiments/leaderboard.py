@@ -38,8 +38,8 @@ from typing import Any
 
 from experiments.common import (accuracy_curve, check_configs, check_cpu_budget, classification_verdict,
                                 config_errors_exit, paired_difference, paired_text, parse_set, prog, quiet_logs,
-                                run, subset_of)
-from fedapp.results import atomic_write_bytes, atomic_write_json
+                                run, subset_of, write_block)
+from fedapp.results import atomic_write_json
 
 # name -> run-config keys; the partition, seed and the setting's budgets come from SETTINGS
 ENTRIES = {
@@ -368,18 +368,6 @@ def plot(summary: dict[str, dict[str, Any]], front: dict[str, list[str]], path: 
     tmp.replace(path)
 
 
-def write_doc(doc: Path, setting: str, text: str) -> None:
-    """Replace the setting's generated block of docs/leaderboard.md (between its two markers), or append it."""
-    start, end = f"<!-- leaderboard:{setting} -->", f"<!-- /leaderboard:{setting} -->"
-    body = doc.read_text() if doc.is_file() else "# Leaderboard\n"
-    block = f"{start}\n{text}\n{end}"
-    if start in body and end in body:
-        body = body[:body.index(start)] + block + body[body.index(end) + len(end):]
-    else:
-        body = body.rstrip("\n") + f"\n\n{block}\n"
-    atomic_write_bytes(doc, body.encode())
-
-
 def shown_options(argv: list[str]) -> list[str]:
     """The command's options without the ones that move no figure (where files go, torch threads): the page
     shows the command a reader runs to measure the same cells."""
@@ -492,5 +480,5 @@ def write_outputs(a: argparse.Namespace, argv: list[str], configs: dict[tuple[st
     png = out / f"leaderboard_{setting}.png"
     if png.resolve().is_relative_to(Path(a.doc).resolve().parent):  # the page shows the plot beside its table
         block += f"\n\n![{setting}]({png.resolve().relative_to(Path(a.doc).resolve().parent).as_posix()})"
-    write_doc(Path(a.doc), setting, block)
+    write_block(Path(a.doc), f"leaderboard:{setting}", block)
     return text

@@ -486,6 +486,35 @@ def test_two_dcfm_table_runners_merge_their_cells_into_one_json(tmp_path):
     assert [(r["method"], r["seed"]) for r in done["rows"]] == [("fedflow", 0)]
 
 
+def test_dcfm_markdown_shows_each_run_the_means_over_seeds_and_the_paired_differences(tmp_path):
+    """The --doc view: runs in table order (split, row, seed), means ± std in %, a verdict per split, and
+    A - FedFlow in FD and in points; a figure a run lacks reads n/a."""
+    from experiments.dcfm import SETTINGS, markdown, record_row
+
+    path, settings = tmp_path / "t.json", {**SETTINGS, "dataset": "colored-mnist"}
+
+    def row(method, seed, novel_d, novel_acc):
+        return {"method": method, "split": "non-iid", "seed": seed, "seen_distance": 12.0, "novel_distance": novel_d,
+                "seen_composition_accuracy": 0.97, "novel_composition_accuracy": novel_acc,
+                "novel_digit_accuracy": novel_acc, "model_transfers_per_client": 160.02, "seconds": 1234.4,
+                "client_calls_reused": 300 * (method == "fedflow" and seed == 1)}
+
+    for r in (row("dcfm-a", 1, 700.0, 0.3), row("fedflow", 1, 40.0, 0.9), row("fedflow", 0, 60.0, 0.8),
+              row("dcfm-a", 0, 600.0, 0.1)):
+        done = record_row(path, r, settings, 5, {"fedflow": {"steps": 20000, "images_seen": 1}})
+    lines = markdown(done).splitlines()
+    runs = [ln for ln in lines if ln.startswith("| non-iid |") and ln.count("|") == 12]
+    assert [ln.split(" | ")[1:3] for ln in runs[:4]] == [["fedflow", "0"], ["fedflow", "1"], ["dcfm-a", "0"],
+                                                          ["dcfm-a", "1"]]
+    assert runs[0] == ("| non-iid | fedflow | 0 | 97.0 | 80.0 | n/a / 80.0 | n/a / n/a | 12 / 60 | n/a "
+                       "| 160.0 | 1,234 |")
+    assert runs[1].endswith("| 1,234 (300 client calls cached) |")
+    (ff,) = [ln for ln in lines if ln.startswith("| non-iid | fedflow | 0,1 |")]
+    assert "| 85.0 ± 5.0 |" in ff and "| 50 ± 10 |" in ff and "| 20,000 |" in ff and ff.endswith("| converged |")
+    (q,) = [ln for ln in lines if "dcfm-a − fedflow" in ln]
+    assert q == "| non-iid | dcfm-a − fedflow | +600 ± 60 (0/2) | -65.0 ± 5.0 (0/2) |"
+
+
 def test_dcfm_copies_each_methods_first_non_iid_grid_beside_the_json(tmp_path):
     from experiments.dcfm import copy_grids
 
@@ -654,14 +683,14 @@ def test_leaderboard_serialises_a_built_in_prior_once_a_run_and_a_hub_prior_neve
     leaderboard._prior_record_bytes.cache_clear()
 
 
-def test_leaderboard_writes_its_block_into_the_page_and_replaces_only_that_block(tmp_path):
-    from experiments.leaderboard import write_doc
+def test_a_generated_block_replaces_only_itself_in_its_page(tmp_path):
+    from experiments.common import write_block
 
     doc = tmp_path / "leaderboard.md"
     doc.write_text("# Leaderboard\n\nprose stays\n")
-    write_doc(doc, "a", "table A v1")
-    write_doc(doc, "b", "table B")
-    write_doc(doc, "a", "table A v2")
+    write_block(doc, "leaderboard:a", "table A v1")
+    write_block(doc, "leaderboard:b", "table B")
+    write_block(doc, "leaderboard:a", "table A v2")
     text = doc.read_text()
     assert "prose stays" in text and "table A v1" not in text and text.index("table A v2") < text.index("table B")
 
