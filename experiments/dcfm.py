@@ -166,14 +166,14 @@ def table(rows: list[dict], compute: dict[str, dict] | None = None, verdicts: di
     """One line per run with its row's steps and images seen (flow_compute) and its split's verdict."""
     compute, verdicts = compute or {}, verdicts or split_verdicts(rows)
     w = max([16] + [len(r["method"]) + 2 for r in rows])  # a sweep row's name is longer than the table's
-    head = (f"{'method':<{w}}{'split':<9}{'seed':>5}{'FD seen':>9}{'FD novel':>10}{'KID seen':>16}{'KID novel':>16}"
+    head = (f"{'method':<{w}}{'split':<9}{'seed':>5}{'FD seen':>9}{'FD novel':>10}{'KID seen':>19}{'KID novel':>19}"
             f"{'acc seen':>10}{'acc novel':>10}{'transfers':>11}{'steps':>9}{'images seen':>13}  verdict")
     lines = [head, "-" * len(head)]
     for r in rows:
         c = compute.get(r["method"], {})
         lines.append(f"{r['method']:<{w}}{r['split']:<9}{r.get('seed', 0):>5}"
                      f"{r['seen_distance']:>9.2f}{r['novel_distance']:>10.2f}"
-                     f"{kid_cell(r, 'seen_kid'):>16}{kid_cell(r, 'novel_kid'):>16}"
+                     f"{kid_cell(r, 'seen_kid'):>19}{kid_cell(r, 'novel_kid'):>19}"
                      f"{r['seen_composition_accuracy']:>10.3f}{r['novel_composition_accuracy']:>10.3f}"
                      f"{r['model_transfers_per_client']:>11.2f}{count_text(c.get('steps')):>9}"
                      f"{count_text(c.get('images_seen')):>13}  {verdict_mark(verdicts.get(r['split'])) or 'converged'}")

@@ -453,6 +453,8 @@ def test_dcfm_rows_compute_verdict_per_split_and_paired_rows():
     text = table(rows, {"fedflow": {"steps": 500, "images_seen": 16000}})
     assert text.splitlines()[2].endswith("500       16,000  converged")
     assert text.splitlines()[4].endswith("  not converged")  # fedflow, non-iid
+    big = {**rows[0], "seen_kid": 4019.876, "seen_kid_std": 244.015, "novel_kid": 10552.568, "novel_kid_std": 389.736}
+    assert "  4019.876±244.015  10552.568±389.736  " in table([big])  # wide KIDs keep their columns apart
     cells = {(s["method"], s["split"]): s for s in summarise(rows)}
     assert cells["dcfm-a", "iid"]["verdict"]["converged"] and not cells["fedflow", "non-iid"]["verdict"]["converged"]
 
