@@ -231,11 +231,12 @@ def paired_difference(a: dict[Any, float | None], b: dict[Any, float | None],
             "per_seed": per_seed}
 
 
-def paired_text(p: dict[str, Any] | None, digits: int = 1) -> str:
-    """"+1.2 ± 0.8 (3/3)": mean ± std of the differences, (seeds favouring the method / seeds paired)."""
+def paired_text(p: dict[str, Any] | None, digits: int = 1, scale: float = 1.0) -> str:
+    """"+1.2 ± 0.8 (3/3)": mean ± std of the differences (times `scale`: 100 shows fractions as points),
+    (seeds favouring the method / seeds paired)."""
     if not p or not p["n"]:
         return "n/a"
-    return f"{p['mean']:+.{digits}f} ± {p['std']:.{digits}f} ({p['favour']}/{p['n']})"
+    return f"{scale * p['mean']:+.{digits}f} ± {scale * p['std']:.{digits}f} ({p['favour']}/{p['n']})"
 
 
 def count_text(value: float | None) -> str:

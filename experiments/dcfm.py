@@ -43,6 +43,7 @@ from fedapp.results import atomic_write_json
 
 ROWS = [("fedflow", {}), ("ddm", {}), ("local-only-flow", {}),
         ("dcfm-a", {"dcfm.variant": "a"}), ("dcfm-b", {"dcfm.variant": "b"})]
+ROW_NAMES = [n for n, _ in ROWS]
 SPLITS = ("non-iid", "iid")  # the paper's headline column first
 PAPER_NONIID_NOVEL_FID = {"fedflow": 20.02, "ddm": 18.84, "dcfm-a": 9.29, "dcfm-b": 9.15}
 
@@ -214,12 +215,16 @@ def kid_text(r: dict) -> str:
     return f"{r['novel_kid']:,.0f} ± {r['novel_kid_std']:,.0f}" if "novel_kid" in r else "n/a"
 
 
+def run_order(r: dict) -> tuple[int, int, int]:
+    """A run's place in the table: by split, then row (a sweep row after the table's), then seed."""
+    method = ROW_NAMES.index(r["method"]) if r["method"] in ROW_NAMES else len(ROW_NAMES)
+    return SPLITS.index(r["split"]) if r["split"] in SPLITS else len(SPLITS), method, r.get("seed", 0)
+
+
 def markdown(done: dict) -> str:
     """The table json as markdown for docs/ (--doc): each run, the mean ± std over seeds per (split, method)
     with its split's verdict, and the same-seed differences of A and B against FedFlow and DDM."""
-    runs = sorted(done["rows"], key=lambda r: (SPLITS.index(r["split"]) if r["split"] in SPLITS else 9,
-                                               [n for n, _ in ROWS].index(r["method"])
-                                               if r["method"] in dict(ROWS) else 9, r.get("seed", 0)))
+    runs = sorted(done["rows"], key=run_order)
     lines = ["Each run (accuracies in %: the digit and colour readers' reading of the samples; a pair is right when "
              "both are):", "",
              "| split | method | seed | seen pairs | novel pairs | digit seen / novel | colour seen / novel "
@@ -244,11 +249,8 @@ def markdown(done: dict) -> str:
         lines += ["", "Same seeds, row − reference: mean ± std (seeds favouring the row / seeds paired):", "",
                   "| split | row − reference | novel FD | novel pairs (points) |", "|---|---|---|---|"]
         for q in done["paired"]:
-            acc = {**q["novel_composition_accuracy"]}
-            if acc["n"]:
-                acc.update(mean=100 * acc["mean"], std=100 * acc["std"])
             lines.append(f"| {q['split']} | {q['method']} − {q['against']} | {paired_text(q['novel_distance'], 0)} "
-                         f"| {paired_text(acc, 1)} |")
+                         f"| {paired_text(q['novel_composition_accuracy'], 1, scale=100)} |")
     return "\n".join(lines)
 
 
@@ -260,8 +262,7 @@ def summarise(rows: list[dict], compute: dict[str, dict] | None = None) -> list[
     """Per (method, split): the mean and std over seeds of MEAN_KEYS (common.over_seeds), the seeds, the
     split's verdict and the row's compute (flow_compute, when given)."""
     out, verdicts = [], split_verdicts(rows)
-    table_rows = [n for n, _ in ROWS]
-    names = table_rows + list(dict.fromkeys(r["method"] for r in rows if r["method"] not in table_rows))  # sweeps
+    names = ROW_NAMES + list(dict.fromkeys(r["method"] for r in rows if r["method"] not in ROW_NAMES))  # sweeps
     for name in names:
         for split in SPLITS:
             mine = [r for r in rows if r["method"] == name and r["split"] == split]
@@ -333,7 +334,7 @@ def parser() -> argparse.ArgumentParser:
                    help="run-config overrides on top of the table's settings (e.g. dcfm.local-steps=200)")
     p.add_argument("--out", default="docs/results", help="folder for dcfm[_<dataset>].json and its grid")
     p.add_argument("--runs", default="runs/dcfm-table", help="folder of the runs' own folders")
-    p.add_argument("--rows", default=",".join(n for n, _ in ROWS), help="subset of the table's rows")
+    p.add_argument("--rows", default=",".join(ROW_NAMES), help="subset of the table's rows")
     p.add_argument("--splits", default=",".join(SPLITS), help=f"subset of {','.join(SPLITS)}")
     p.add_argument("--sweep", default=None, metavar="KEY=V1,V2,...",
                    help="run each of --rows once per value of one run-config key (a budget sweep; its own json)")
@@ -357,7 +358,7 @@ def main(argv: list[str]) -> None:
         settings["image-size"] = a.image_size
     settings.update(parse_set(a.set))
     seeds = [int(x) for x in a.seeds.split(",") if x]
-    splits, names = subset_of("splits", a.splits, SPLITS), subset_of("rows", a.rows, [n for n, _ in ROWS])
+    splits, names = subset_of("splits", a.splits, SPLITS), subset_of("rows", a.rows, ROW_NAMES)
     rows = sweep_rows([(n, e) for n, e in ROWS if n in names], a.sweep)
     check_configs([config(n, e, s, a.clients, settings, a.runs) for s in splits for n, e in rows], a.clients)
     stem = "dcfm" if a.dataset == "colored-digits" else f"dcfm_{a.dataset}"
