@@ -306,6 +306,8 @@ def test_toy_dcfm_a_aligns_the_experts_unconditional_fields_and_fedflow_misses_t
     share = res["mode_share"]
     assert share["dcfm-a"] > 0.8, share  # mean over 5 seeds: docs/dcfm.md
     assert share["fedflow"] < 0.1, share
+    # ... while it has learnt the pairs the clients hold (the toy's convergence reading; 0.95 measured)
+    assert res["fedflow_seen_share"] > 0.9, res["fedflow_seen_share"]
 
 
 def test_toy_dcfm_b_fills_the_missing_mode():
@@ -476,6 +478,19 @@ def test_a_reply_cache_keeps_rows_apart_whose_stage_one_differs(tmp_path):
         simulate_in_process({**TINY, **IN_PROCESS[name][0], "out-dir": str(tmp_path / name)}, num_clients=3,
                             reply_cache=cache)
     assert cache.hits == 0 and len(cache) >= 6
+
+
+def test_toy_verdict_needs_fedflow_to_draw_every_seeds_seen_pairs():
+    from experiments.dcfm_toy import SEEN, mode_share, toy_verdict
+
+    assert len(SEEN) == 3 and (1, 1) not in SEEN  # (right, up) is on no client
+    x = torch.tensor([[-2.0, 2.0], [-2.0, 2.5], [2.0, 2.0], [0.0, 0.0]])
+    assert mode_share(x, (0, 1)) == 0.5 and mode_share(x) == 0.25
+    v = toy_verdict({"fedflow_seen_share": {"per_seed": [0.95, 0.93]}})
+    assert v["converged"] and v["converged_seeds"] == 2
+    v = toy_verdict({"fedflow_seen_share": {"per_seed": [0.95, 0.5]}})
+    assert not v["converged"] and v["converged_seeds"] == 1
+    assert not toy_verdict({})["converged"]  # no FedFlow run: no verdict to lean on
 
 
 def test_toy_json_pairs_each_method_with_fedflow_seed_by_seed():
