@@ -30,7 +30,9 @@ from fedapp.protocols import dcfm as P
 from fedapp.server import RoundStrategy, ServerRun
 from fedapp.server.checkpoint import save_model
 from strategies.dcfm import seen_pairs
-from strategies.flow import FlowEvaluation, FlowStrategy, FlowTask
+from strategies.flow import FlowEvaluation, FlowStrategy, FlowTask, log
+
+HOLDER_PROBE = 256  # seen-pair paths that measure DDM's router (router_holder_weight); a diagnostic, no sample kept
 
 
 class FedFlowStrategy(RoundStrategy):
@@ -145,6 +147,28 @@ def routed_field(experts: list, router: Router, y: torch.Tensor) -> Callable:
     return field
 
 
+def router_holder_weight(experts: list, router: Router, counts: list[torch.Tensor], shape: tuple[int, ...], *,
+                         n: int, sample_steps: int, seed: int, device: str = "cpu") -> dict[str, float]:
+    """How much of the router's weight goes to the experts that trained on the asked pair, along DDM's own ODE
+    for seen pairs (each seen pair equally likely, as the evaluation asks them): sum over holders a of
+    p(a | x_t, t), averaged over the samples, at every Euler step. Returns its mean over the steps and its value
+    at the last step. 1 = always a holder; a router blind to y can only guess near t = 0, so the mean shows how
+    much of each path the non-holders' velocities steer."""
+    g = torch.Generator().manual_seed(seed)
+    seen = (sum(counts) > 0).long()
+    y = seen_pairs(seen, n, g)
+    holds = torch.stack([c[y[:, 0], y[:, 1]] > 0 for c in counts], 1).float().to(device)
+    y = y.to(device)
+    field, steps = routed_field(experts, router, y), []
+
+    def watched(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        steps.append(float((router(x, t).softmax(1) * holds).sum(1).mean()))
+        return field(x, t)
+
+    euler(watched, torch.randn((n, *shape), generator=g).to(device), steps=sample_steps)
+    return {"router_holder_weight": sum(steps) / len(steps), "router_holder_weight_end": steps[-1]}
+
+
 class DdmStrategy(FlowStrategy):
     def sampler(self, y: torch.Tensor, part: int) -> Callable:
         return routed_field([self.experts[a] for a in sorted(self.experts)], self.router, y)
@@ -153,11 +177,17 @@ class DdmStrategy(FlowStrategy):
         nodes = self.setup(grid)
         self.stage_one(grid, nodes, 0.0)
         ids, recs = self.frozen()
+        experts, counts = [self.experts[a] for a in ids], [self.counts[a] for a in ids]
         with self.run.phase("router"):
-            self.router = train_router([self.experts[a] for a in ids], [self.counts[a] for a in ids],
-                                       self.task.shape, steps=self.opts.router_steps, batch=self.run.cfg.batch_size,
-                                       lr=self.opts.lr, sample_steps=self.opts.sample_steps,
-                                       seed=self.run.cfg.seed + 9, device=self.run.device)
+            self.router = train_router(experts, counts, self.task.shape, steps=self.opts.router_steps,
+                                       batch=self.run.cfg.batch_size, lr=self.opts.lr,
+                                       sample_steps=self.opts.sample_steps, seed=self.run.cfg.seed + 9,
+                                       device=self.run.device)
+        holder = router_holder_weight(experts, self.router, counts, self.task.shape, n=HOLDER_PROBE,
+                                      sample_steps=self.opts.sample_steps, seed=self.run.cfg.seed + 10,
+                                      device=self.run.device)
+        log.info("ddm: router weight on the asked pair's holders %.3f along the path, %.3f at its end",
+                 holder["router_holder_weight"], holder["router_holder_weight_end"])
         router = ArrayRecord({k: v.cpu() for k, v in self.router.state_dict().items()})
         pid_of = {n: p for p, n in self.node_of.items()}
 
@@ -165,7 +195,7 @@ class DdmStrategy(FlowStrategy):
             return {P.ROUTER_KEY: router, **{f"{P.PEER_PREFIX}{a}": recs[a] for a in ids if a != pid_of[node]}}
 
         self.exchange(grid, P.RECEIVE, sorted(pid_of), ensemble)
-        return self.finish({"router_steps": self.opts.router_steps})
+        return self.finish({"router_steps": self.opts.router_steps, **holder})
 
 
 class LocalOnlyFlowStrategy(FlowStrategy):

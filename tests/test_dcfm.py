@@ -198,6 +198,32 @@ def test_ddm_router_learns_from_each_experts_samples_of_its_own_pairs():
         assert (router(x_t, t).argmax(1) == a).float().mean() > 0.9
 
 
+def test_router_holder_weight_is_the_routers_weight_on_the_asked_pairs_holders():
+    """Seen pairs (1, 2) and (2, 3) are expert 0's, (7, 0) expert 1's, each asked a third of the time: a router
+    sure of expert 0 puts 2/3 of its weight on holders, one sure of expert 1 1/3; one that switches from 0 to 1 at
+    t = 0.5 averages the two over 4 Euler steps (t = 0, .25, .5, .75) and ends at 1/3."""
+    from strategies.fedflow import router_holder_weight
+
+    counts = [torch.zeros(10, 6, dtype=torch.long), torch.zeros(10, 6, dtype=torch.long)]
+    counts[0][1, 2], counts[0][2, 3], counts[1][7, 0] = 50, 1, 9  # the share asked ignores the counts
+    experts = [lambda x, t, y: torch.zeros_like(x)] * 2
+
+    def router(choose):
+        return lambda x, t: 50.0 * torch.nn.functional.one_hot(choose(t), 2).float()
+
+    def weight(r):
+        return router_holder_weight(experts, r, counts, (2,), n=4000, sample_steps=4, seed=0)
+
+    zero = weight(router(lambda t: torch.zeros_like(t, dtype=torch.long)))
+    one = weight(router(lambda t: torch.ones_like(t, dtype=torch.long)))
+    switch = weight(router(lambda t: (t >= 0.5).long()))
+    assert abs(zero["router_holder_weight"] - 2 / 3) < 0.03
+    assert zero["router_holder_weight_end"] == zero["router_holder_weight"]
+    assert abs(one["router_holder_weight"] - 1 / 3) < 0.03
+    assert abs(switch["router_holder_weight"] - 0.5) < 0.03
+    assert abs(switch["router_holder_weight_end"] - 1 / 3) < 0.03
+
+
 def test_replay_paths_follow_the_routed_composite_teacher_and_the_student_sees_masked_labels():
     from strategies.dcfm import distill_student, replay_buffer
 
@@ -382,7 +408,8 @@ IN_PROCESS = {  # run config, own metrics, server phases timed, model transfers 
                                                          "replay_states", *CI_RESIDUALS},
                {"stage1", "distill", "evaluation"}, 2),
     "fedflow": ({"method": "fedflow"}, {"rounds"}, {"fedavg", "evaluation"}, 4),
-    "ddm": ({"method": "ddm"}, {"router_steps"}, {"stage1", "router", "evaluation"}, 3),
+    "ddm": ({"method": "ddm"}, {"router_steps", "router_holder_weight", "router_holder_weight_end"},
+            {"stage1", "router", "evaluation"}, 3),
     "local-only-flow": ({"method": "local-only-flow"}, set(), {"stage1", "evaluation"}, 1),
 }
 
