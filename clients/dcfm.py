@@ -83,7 +83,8 @@ def _local_data(ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor, list[in
 
 def _model(ctx: ClientContext, sizes: list[int]) -> VelocityNet:
     torch.manual_seed(ctx.cfg.seed)  # every client starts from the same initial weights
-    return build_velocity(ctx.cfg.image_size, sizes, _opts(ctx).width)
+    opts = _opts(ctx)
+    return build_velocity(ctx.cfg.image_size, sizes, opts.width, label_embedding=opts.label_embedding)
 
 
 def _load(model: VelocityNet, rec: ArrayRecord) -> VelocityNet:
@@ -131,7 +132,8 @@ def handle_peer(msg: Message, ctx: ClientContext) -> RecordDict:
     for key, rec in msg.content.array_records.items():
         if key.startswith(P.PEER_PREFIX):
             pid = int(key[len(P.PEER_PREFIX):])
-            peers[pid] = _load(build_velocity(ctx.cfg.image_size, sizes, opts.width), rec).to(ctx.device)
+            peers[pid] = _load(build_velocity(ctx.cfg.image_size, sizes, opts.width,
+                                                 label_embedding=opts.label_embedding), rec).to(ctx.device)
             for p in peers[pid].parameters():
                 p.requires_grad_(False)
         elif key.startswith(P.PEER_COUNTS_PREFIX):

@@ -116,7 +116,8 @@ def transfers_from_run(run_dir: str) -> float:
     run = Path(run_dir)
     cfg = json.loads((run / "config.json").read_text())
     torch.manual_seed(0)
-    net = build_velocity(cfg["image-size"], [10, 6], cfg["dcfm.width"])
+    net = build_velocity(cfg["image-size"], [10, 6], cfg["dcfm.width"],
+                         label_embedding=cfg.get("dcfm.label-embedding", "sum"))
     model = record_nbytes(RecordDict({EXPERT_KEY: ArrayRecord(net.state_dict())}))
     cfg_bytes = record_nbytes(RecordDict({RUN_KEY: ConfigRecord(cfg)}))
     per = json.loads((run / "comm.json").read_text())["totals"]["per_client"]

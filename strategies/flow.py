@@ -55,7 +55,8 @@ class FlowTask:
 
     def new_model(self):
         torch.manual_seed(self.run.cfg.seed)
-        return build_velocity(self.run.cfg.image_size, self.sizes, self.opts.width, self.server.info.channels)
+        return build_velocity(self.run.cfg.image_size, self.sizes, self.opts.width, self.server.info.channels,
+                              self.opts.label_embedding)
 
     def load(self, state: dict[str, torch.Tensor]):
         m = self.new_model()

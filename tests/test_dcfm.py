@@ -438,6 +438,24 @@ def test_every_flow_method_runs_its_protocol_on_an_in_process_grid(tmp_path, nam
         assert transfers <= v < transfers + (0.5 if name == "ddm" else 0.1), (c, v)
 
 
+def test_fedflow_with_the_joint_label_embedding_trains_and_saves_a_joint_model(tmp_path):
+    """dcfm.label-embedding reaches both sides: the clients train, and the server loads and saves, a net with
+    one embedding row per label tuple ((10 + 1) x (6 + 1) on colored digits)."""
+    from safetensors.torch import load_file
+
+    from fedapp.simulation import simulate_in_process
+
+    torch.set_num_threads(1)
+    s = simulate_in_process({**TINY, "method": "fedflow", "dcfm.label-embedding": "joint",
+                             "out-dir": str(tmp_path)}, num_clients=3)
+    _check_summary(s)
+    from pathlib import Path
+
+    saved = load_file(Path(s["run_dir"]) / "model.safetensors")
+    assert saved["unet.class_embedding.table.weight"].shape == (77, 4 * 8)
+    assert not any(k.startswith("unet.class_embedding.tables") for k in saved)
+
+
 FIGURES = ("seen_composition_accuracy", "novel_composition_accuracy", "seen_distance", "novel_distance")
 
 

@@ -57,3 +57,37 @@ def test_image_net_shapes():
     loss = fm_loss(net, x, torch.tensor([[3, 1], [4, 2], [5, 0]]))
     loss.backward()
     assert net.unet.class_embedding.tables[0].weight.grad is not None
+
+
+def test_joint_label_embedding_shares_no_vector_between_label_tuples():
+    """The ablation of the summed embedding: one row per (digit or null, colour or null) tuple. A step on
+    (1, 2) moves the summed embedding's (1, 3) too (digit 1's vector is shared), never the joint one's."""
+    from fedapp.models.nets import AttributeEmbedding, JointEmbedding
+
+    torch.manual_seed(0)
+    joint = JointEmbedding([10, 6], 4)
+    assert joint.table.weight.shape == (11 * 7, 4)
+    tuples = torch.tensor([[a, b] for a in range(-1, 10) for b in range(-1, 6)])
+    assert len({tuple(v) for v in joint(tuples).tolist()}) == 77  # every tuple its own vector
+    assert torch.equal(joint(torch.tensor([[-1, -1]])), joint.table.weight[-1:])  # null, null: the last row
+    for emb in (joint, AttributeEmbedding([10, 6], 4)):
+        before = emb(torch.tensor([[1, 3], [1, 2]])).detach()
+        opt = torch.optim.SGD(emb.parameters(), lr=1.0)
+        emb(torch.tensor([[1, 2]])).sum().backward()
+        opt.step()
+        after = emb(torch.tensor([[1, 3], [1, 2]])).detach()
+        assert not torch.equal(after[1], before[1])
+        assert torch.equal(after[0], before[0]) == isinstance(emb, JointEmbedding)
+    try:
+        joint(torch.tensor([[10, 0]]))
+    except ValueError as e:
+        assert "attribute 0" in str(e)
+    else:
+        raise AssertionError("a digit of 10 was embedded")
+
+
+def test_image_net_takes_the_joint_embedding_by_name():
+    net = ImageVelocityNet(8, [10, 4], block_out_channels=(16, 32), attention=False, label_embedding="joint")
+    assert net.unet.class_embedding.table.weight.shape[0] == 11 * 5
+    x = torch.randn(2, 3, 8, 8)
+    assert net(x, torch.rand(2), torch.tensor([[3, 1], [-1, -1]])).shape == x.shape

@@ -23,10 +23,10 @@ NULL = -1
 
 # ---- the network and labels ---------------------------------------------------------------------------
 def build_velocity(image_size: int, attribute_sizes: Sequence[int], width: int,
-                   channels: int = 3) -> ImageVelocityNet:
+                   channels: int = 3, label_embedding: str = "sum") -> ImageVelocityNet:
     """The image velocity net every method shares (so experts, students and FedFlow models have one shape)."""
     return ImageVelocityNet(image_size, list(attribute_sizes), channels=channels,
-                            block_out_channels=(width, 2 * width), attention=False)
+                            block_out_channels=(width, 2 * width), attention=False, label_embedding=label_embedding)
 
 
 def attribute_labels(split, names: Sequence[str]) -> torch.Tensor:

@@ -107,12 +107,15 @@ class VelocityNet(nn.Module):
 
 class ImageVelocityNet(VelocityNet):
     """A diffusers UNet2DModel on (B, C, H, W); the attribute embeddings (one table per attribute, plus a
-    null index) are summed into the time embedding via its class-embedding path."""
+    null index) are summed into the time embedding via its class-embedding path (label_embedding="joint": one
+    vector per label tuple instead, fedapp.models.nets.JointEmbedding)."""
 
     def __init__(self, image_size: int, attribute_sizes: list[int] | tuple[int, ...] = (), *, channels: int = 3,
-                 block_out_channels: tuple[int, ...] = (32, 64, 64), attention: bool = True):
+                 block_out_channels: tuple[int, ...] = (32, 64, 64), attention: bool = True,
+                 label_embedding: str = "sum"):
         super().__init__(attribute_sizes)
-        self.unet = small_unet2d(image_size, channels, block_out_channels, attention, self.attribute_sizes or None)
+        self.unet = small_unet2d(image_size, channels, block_out_channels, attention, self.attribute_sizes or None,
+                                 label_embedding=label_embedding)
 
     def velocity(self, x: torch.Tensor, t: torch.Tensor, labels: torch.Tensor | None) -> torch.Tensor:
         return self.unet(x, t * 1000.0, class_labels=labels).sample

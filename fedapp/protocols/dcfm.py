@@ -100,6 +100,10 @@ class DcfmOptions:
     samples_per_pair: int = opt(12, low=2, help="evaluation: samples per (digit, colour) pair")
     lr: float = opt(2e-3, low=0.0, low_open=True, help="AdamW learning rate of experts, student, FedFlow")
     width: int = opt(32, low=8, help="velocity UNet channels (width, 2 width)")
+    label_embedding: str = opt("sum", choices=("sum", "joint"),
+                               help="the velocity net's label embedding: sum, one learned vector per attribute "
+                                    "value summed; joint, one vector per (digit, colour) tuple, none shared "
+                                    "(an ablation: a pair no client holds keeps its random vector)")
     fl_local_steps: int = opt(20, low=1, help="fedflow: local steps per round (rounds = num-server-rounds)")
     router_steps: int = opt(200, low=1, help="ddm: Adam steps of the router (x_t, t) -> expert")
     ref_epochs: int = opt(8, low=1, help="epochs of the reference classifiers (digit, colour) on real data")
