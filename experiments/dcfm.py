@@ -81,6 +81,20 @@ def config(name: str, extra: dict, split: str, clients: int, settings: dict, out
             "out-dir": out_dir, "run-name": f"{name}-{split}" + (f"-seed{seed}" if seed else ""), **settings, **extra}
 
 
+FIGURE_KEYS = ("seen_distance", "novel_distance", "seen_kid", "seen_kid_std", "novel_kid", "novel_kid_std",
+               "seen_composition_accuracy", "novel_composition_accuracy", "seen_digit_accuracy",
+               "novel_digit_accuracy", "seen_color_accuracy", "novel_color_accuracy", "model_transfers_per_client")
+# fedapp.readers; DCFM's composites against its joint fields (strategies.dcfm.DcfmStrategy.ci_diagnostics);
+# DDM's router on the asked pair's holders (strategies.fedflow.router_holder_weight)
+OPTIONAL_KEYS = ("reader_accuracy", "reader_unreliable", "ci_residual_self", "ci_residual_mixture",
+                 "router_holder_weight", "router_holder_weight_end")
+
+
+def row_figures(metrics: dict) -> dict:
+    """A run's figures that its table row keeps: every row's, and those only some methods report."""
+    return {**{k: metrics[k] for k in FIGURE_KEYS}, **{k: metrics[k] for k in OPTIONAL_KEYS if k in metrics}}
+
+
 def run_one(name: str, extra: dict, split: str, clients: int, settings: dict, out_dir: str, backend: str,
             seed: int = 0, cache: Any = None) -> dict:
     """One (row, split, seed) run; `cache` (a ReplyCache, in-process only) is shared by a (seed, split)'s rows,
@@ -88,15 +102,7 @@ def run_one(name: str, extra: dict, split: str, clients: int, settings: dict, ou
     t0 = time.time()
     hits = cache.hits if cache is not None else 0
     s = run(config(name, extra, split, clients, settings, out_dir, seed), clients, backend, reply_cache=cache)
-    m = s["metrics"]
-    keys = ("seen_distance", "novel_distance", "seen_kid", "seen_kid_std", "novel_kid", "novel_kid_std",
-            "seen_composition_accuracy", "novel_composition_accuracy",
-            "seen_digit_accuracy", "novel_digit_accuracy", "seen_color_accuracy", "novel_color_accuracy",
-            "model_transfers_per_client")
-    # fedapp.readers; DCFM's composites against its joint fields (strategies.dcfm.DcfmStrategy.ci_diagnostics)
-    optional = {k: m[k] for k in ("reader_accuracy", "reader_unreliable", "ci_residual_self", "ci_residual_mixture")
-                if k in m}
-    return {"method": name, "split": split, "seed": seed, **{k: m[k] for k in keys}, **optional,
+    return {"method": name, "split": split, "seed": seed, **row_figures(s["metrics"]),
             "seconds": round(time.time() - t0, 1),
             "client_calls_reused": (cache.hits - hits) if cache is not None else 0,
             "run_dir": s["run_dir"], "model_transfers_recounted": transfers_from_run(s["run_dir"])}

@@ -427,6 +427,17 @@ def test_pfdm_table_already_in_docs_still_prints():
 
 
 # ---- DCFM ----------------------------------------------------------------------------------------------------
+def test_a_dcfm_row_keeps_every_rows_figures_and_the_method_specific_ones_it_has():
+    from experiments.dcfm import FIGURE_KEYS, row_figures
+
+    every = {k: float(i) for i, k in enumerate(FIGURE_KEYS)}
+    ddm = row_figures({**every, "router_holder_weight": 0.4, "router_holder_weight_end": 0.7, "rounds": 3})
+    assert ddm == {**every, "router_holder_weight": 0.4, "router_holder_weight_end": 0.7}  # not `rounds`
+    assert row_figures(every) == every
+    with pytest.raises(KeyError, match="novel_distance"):  # a run without a table figure is no row
+        row_figures({k: v for k, v in every.items() if k != "novel_distance"})
+
+
 def test_dcfm_rows_compute_verdict_per_split_and_paired_rows():
     from experiments.dcfm import SETTINGS, flow_compute, paired_rows, split_verdicts, summarise, table
 
