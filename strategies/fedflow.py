@@ -186,7 +186,7 @@ class DdmStrategy(FlowStrategy):
         holder = router_holder_weight(experts, self.router, counts, self.task.shape, n=HOLDER_PROBE,
                                       sample_steps=self.opts.sample_steps, seed=self.run.cfg.seed + 10,
                                       device=self.run.device)
-        log.info("ddm: router weight on the asked pair's holders %.3f along the path, %.3f at its end",
+        log.info("ddm: router weight on the asked pair's holders %.3f along the path, %.3f at its last step",
                  holder["router_holder_weight"], holder["router_holder_weight_end"])
         router = ArrayRecord({k: v.cpu() for k, v in self.router.state_dict().items()})
         pid_of = {n: p for p, n in self.node_of.items()}
