@@ -291,11 +291,12 @@ def parse(argv: list[str]) -> argparse.Namespace:
 
 def vs_fedflow(table: dict) -> dict:
     """Same-seed differences of each method's missing-mode share against FedFlow's (the paper's baseline),
-    experiments.common.paired_difference: {method: {mean, std, n, favour, per_seed}}."""
+    experiments.common.paired_difference, keyed as the other tables' `paired`:
+    {"<method> - fedflow": {mean, std, n, favour, per_seed}}."""
     from experiments.common import paired_difference
 
     base = dict(enumerate(table["fedflow"]["per_seed"]))
-    return {m: paired_difference(dict(enumerate(table[m]["per_seed"])), base, higher_is_better=True)
+    return {f"{m} - fedflow": paired_difference(dict(enumerate(table[m]["per_seed"])), base, higher_is_better=True)
             for m in METHODS if m != "fedflow" and m in table}
 
 
@@ -326,7 +327,7 @@ def main(argv: list[str]) -> None:
     out = Path(a.out)
     plot(first, out / "dcfm_toy.png")
     info = {"mode_share": table, "verdict": toy_verdict(table),
-            "vs_fedflow": vs_fedflow(table) if "fedflow" in table else {}, "sweep": sweep,
+            "paired": vs_fedflow(table) if "fedflow" in table else {}, "sweep": sweep,
             "seconds": round(time.time() - t0, 1),
             "settings": {**settings, "lambda_ci": a.lambda_ci, "seeds": seeds, "methods": list(a.methods),
                          "sweep_seeds": a.sweep_seeds}}

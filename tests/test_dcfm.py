@@ -544,9 +544,10 @@ def test_toy_json_pairs_each_method_with_fedflow_seed_by_seed():
     table = {"fedflow": {"per_seed": [0.1, 0.0]}, "dcfm-a": {"per_seed": [0.9, 0.7]}, "ddm": {"per_seed": [0.0, 0.0]},
              "uncond_gap": {"per_seed": [0.4, 0.5]}}
     d = vs_fedflow(table)
-    assert set(d) == {"dcfm-a", "ddm"}  # methods only, not the diagnostics
-    assert d["dcfm-a"]["per_seed"] == pytest.approx({"0": 0.8, "1": 0.7}) and d["dcfm-a"]["favour"] == 2
-    assert d["ddm"]["per_seed"] == pytest.approx({"0": -0.1, "1": 0.0}) and d["ddm"]["favour"] == 0
+    assert set(d) == {"dcfm-a - fedflow", "ddm - fedflow"}  # methods only, not the diagnostics
+    a, ddm = d["dcfm-a - fedflow"], d["ddm - fedflow"]
+    assert a["per_seed"] == pytest.approx({"0": 0.8, "1": 0.7}) and a["favour"] == 2
+    assert ddm["per_seed"] == pytest.approx({"0": -0.1, "1": 0.0}) and ddm["favour"] == 0
 
 
 @pytest.mark.parametrize("argv", [["--help"], ["--seeds", "0"], ["--methods", "dcfm-c"], ["--sweep", "1,x"],
