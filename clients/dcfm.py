@@ -81,10 +81,15 @@ def _local_data(ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor, list[in
     return shard.train.x.float(), attribute_labels(shard.train, P.ATTRS), sizes
 
 
-def _model(ctx: ClientContext, sizes: list[int]) -> VelocityNet:
-    torch.manual_seed(ctx.cfg.seed)  # every client starts from the same initial weights
+def _net(ctx: ClientContext, sizes: list[int]) -> VelocityNet:
+    """A velocity net of the run's width and label embedding, initialised from torch's current RNG."""
     opts = _opts(ctx)
     return build_velocity(ctx.cfg.image_size, sizes, opts.width, label_embedding=opts.label_embedding)
+
+
+def _model(ctx: ClientContext, sizes: list[int]) -> VelocityNet:
+    torch.manual_seed(ctx.cfg.seed)  # every client starts from the same initial weights
+    return _net(ctx, sizes)
 
 
 def _load(model: VelocityNet, rec: ArrayRecord) -> VelocityNet:
@@ -132,8 +137,7 @@ def handle_peer(msg: Message, ctx: ClientContext) -> RecordDict:
     for key, rec in msg.content.array_records.items():
         if key.startswith(P.PEER_PREFIX):
             pid = int(key[len(P.PEER_PREFIX):])
-            peers[pid] = _load(build_velocity(ctx.cfg.image_size, sizes, opts.width,
-                                                 label_embedding=opts.label_embedding), rec).to(ctx.device)
+            peers[pid] = _load(_net(ctx, sizes), rec).to(ctx.device)
             for p in peers[pid].parameters():
                 p.requires_grad_(False)
         elif key.startswith(P.PEER_COUNTS_PREFIX):
