@@ -116,14 +116,17 @@ def transfers_from_run(run_dir: str) -> float:
 
     from fedapp.models.compose import build_velocity
     from fedapp.protocols import RUN_KEY
-    from fedapp.protocols.dcfm import EXPERT_KEY, DcfmOptions
+    from fedapp.protocols.dcfm import ATTRS, EXPERT_KEY, DcfmOptions
     from fedapp.protocols.records import record_nbytes
+    from feddata import dataset_info
 
     run = Path(run_dir)
     cfg = json.loads((run / "config.json").read_text())  # a run from before dcfm.label-embedding lacks it
-    torch.manual_seed(0)
-    net = build_velocity(cfg["image-size"], [10, 6], cfg["dcfm.width"],
-                         label_embedding=cfg.get("dcfm.label-embedding", DcfmOptions.label_embedding))
+    info = dataset_info(cfg["dataset"], cfg["image-size"])
+    with torch.random.fork_rng():  # only the net's size matters: leave the caller's RNG where it was
+        net = build_velocity(cfg["image-size"], [len(info.attributes[a]) for a in ATTRS], cfg["dcfm.width"],
+                             info.channels, label_embedding=cfg.get("dcfm.label-embedding",
+                                                                    DcfmOptions.label_embedding))
     model = record_nbytes(RecordDict({EXPERT_KEY: ArrayRecord(net.state_dict())}))
     cfg_bytes = record_nbytes(RecordDict({RUN_KEY: ConfigRecord(cfg)}))
     per = json.loads((run / "comm.json").read_text())["totals"]["per_client"]

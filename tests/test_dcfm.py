@@ -436,6 +436,12 @@ def test_every_flow_method_runs_its_protocol_on_an_in_process_grid(tmp_path, nam
     for c, v in m["model_transfers_by_client"].items():
         # ddm: the router (32 channels) rides beside the N - 1 peers: 0.4 of this width-8 velocity net
         assert transfers <= v < transfers + (0.5 if name == "ddm" else 0.1), (c, v)
+    # the table's recount from the files on disk (experiments/dcfm.py) agrees, and leaves the caller's RNG alone
+    from experiments.dcfm import transfers_from_run
+
+    rng = torch.random.get_rng_state()
+    assert transfers_from_run(s["run_dir"]) == pytest.approx(m["model_transfers_per_client"], abs=0.01)
+    assert torch.equal(torch.random.get_rng_state(), rng)
 
 
 def test_fedflow_with_the_joint_label_embedding_trains_and_saves_a_joint_model(tmp_path):
