@@ -139,10 +139,13 @@ def train_router(experts: list, counts: list[torch.Tensor], shape: tuple[int, ..
     return router.eval().requires_grad_(False)
 
 
-def routed_field(experts: list, router: Router, y: torch.Tensor) -> Callable:
-    """v(x_t, y) = sum_a p(a | x_t, t) v^(a)(x_t, t, y)."""
+def routed_field(experts: list, router: Router, y: torch.Tensor,
+                 watch: Callable[[torch.Tensor], None] | None = None) -> Callable:
+    """v(x_t, y) = sum_a p(a | x_t, t) v^(a)(x_t, t, y); `watch`, if given, sees each step's weights p."""
     def field(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
         p = router(x, t).softmax(1)
+        if watch is not None:
+            watch(p)
         return sum(p[:, a].view(-1, *[1] * (x.ndim - 1)) * e(x, t, y) for a, e in enumerate(experts))
     return field
 
@@ -159,13 +162,9 @@ def router_holder_weight(experts: list, router: Router, counts: list[torch.Tenso
     y = seen_pairs(seen, n, g)
     holds = torch.stack([c[y[:, 0], y[:, 1]] > 0 for c in counts], 1).float().to(device)
     y = y.to(device)
-    field, steps = routed_field(experts, router, y), []
-
-    def watched(x: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
-        steps.append(float((router(x, t).softmax(1) * holds).sum(1).mean()))
-        return field(x, t)
-
-    euler(watched, torch.randn((n, *shape), generator=g).to(device), steps=sample_steps)
+    steps = []
+    field = routed_field(experts, router, y, watch=lambda p: steps.append(float((p * holds).sum(1).mean())))
+    euler(field, torch.randn((n, *shape), generator=g).to(device), steps=sample_steps)
     return {"router_holder_weight": sum(steps) / len(steps), "router_holder_weight_end": steps[-1]}
 
 

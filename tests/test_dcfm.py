@@ -222,6 +222,9 @@ def test_router_holder_weight_is_the_routers_weight_on_the_asked_pairs_holders()
     assert abs(one["router_holder_weight"] - 1 / 3) < 0.03
     assert abs(switch["router_holder_weight"] - 0.5) < 0.03
     assert abs(switch["router_holder_weight_end"] - 1 / 3) < 0.03
+    calls = []  # the probe reads the weights the sampler used: one router pass an Euler step
+    weight(lambda x, t: calls.append(1) or torch.zeros(len(x), 2))
+    assert len(calls) == 4
 
 
 def test_replay_paths_follow_the_routed_composite_teacher_and_the_student_sees_masked_labels():
