@@ -289,7 +289,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     return a
 
 
-def vs_fedflow(table: dict) -> dict:
+def paired_with_fedflow(table: dict) -> dict:
     """Same-seed differences of each method's missing-mode share against FedFlow's (the paper's baseline),
     experiments.common.paired_difference, keyed as the other tables' `paired`:
     {"<method> - fedflow": {mean, std, n, favour, per_seed}}."""
@@ -327,7 +327,7 @@ def main(argv: list[str]) -> None:
     out = Path(a.out)
     plot(first, out / "dcfm_toy.png")
     info = {"mode_share": table, "verdict": toy_verdict(table),
-            "paired": vs_fedflow(table) if "fedflow" in table else {}, "sweep": sweep,
+            "paired": paired_with_fedflow(table) if "fedflow" in table else {}, "sweep": sweep,
             "seconds": round(time.time() - t0, 1),
             "settings": {**settings, "lambda_ci": a.lambda_ci, "seeds": seeds, "methods": list(a.methods),
                          "sweep_seeds": a.sweep_seeds}}

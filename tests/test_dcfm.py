@@ -548,11 +548,11 @@ def test_toy_verdict_needs_fedflow_to_draw_every_seeds_seen_pairs():
 
 
 def test_toy_json_pairs_each_method_with_fedflow_seed_by_seed():
-    from experiments.dcfm_toy import vs_fedflow
+    from experiments.dcfm_toy import paired_with_fedflow
 
     table = {"fedflow": {"per_seed": [0.1, 0.0]}, "dcfm-a": {"per_seed": [0.9, 0.7]}, "ddm": {"per_seed": [0.0, 0.0]},
              "uncond_gap": {"per_seed": [0.4, 0.5]}}
-    d = vs_fedflow(table)
+    d = paired_with_fedflow(table)
     assert set(d) == {"dcfm-a - fedflow", "ddm - fedflow"}  # methods only, not the diagnostics
     a, ddm = d["dcfm-a - fedflow"], d["ddm - fedflow"]
     assert a["per_seed"] == pytest.approx({"0": 0.8, "1": 0.7}) and a["favour"] == 2
