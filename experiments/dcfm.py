@@ -110,25 +110,16 @@ def run_one(name: str, extra: dict, split: str, clients: int, settings: dict, ou
 
 def transfers_from_run(run_dir: str) -> float:
     """Model transfers per client recounted from the run's comm.json: (bytes up + down - the run config
-    riding on each message down) / the serialised size of one velocity net (what the MeteredGrid counts)."""
-    import torch
-    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+    riding on each message down) / the serialised size of one velocity net, as the run measured it
+    (summary.json's `model_bytes`, the size the MeteredGrid's count is divided by)."""
+    from flwr.app import ConfigRecord, RecordDict
 
-    from fedapp.models.compose import build_velocity
     from fedapp.protocols import RUN_KEY
-    from fedapp.protocols.dcfm import ATTRS, EXPERT_KEY, DcfmOptions
     from fedapp.protocols.records import record_nbytes
-    from feddata import dataset_info
 
     run = Path(run_dir)
-    cfg = json.loads((run / "config.json").read_text())  # a run from before dcfm.label-embedding lacks it
-    info = dataset_info(cfg["dataset"], cfg["image-size"])
-    with torch.random.fork_rng():  # only the net's size matters: leave the caller's RNG where it was
-        net = build_velocity(cfg["image-size"], [len(info.attributes[a]) for a in ATTRS], cfg["dcfm.width"],
-                             info.channels, label_embedding=cfg.get("dcfm.label-embedding",
-                                                                    DcfmOptions.label_embedding))
-    model = record_nbytes(RecordDict({EXPERT_KEY: ArrayRecord(net.state_dict())}))
-    cfg_bytes = record_nbytes(RecordDict({RUN_KEY: ConfigRecord(cfg)}))
+    model = json.loads((run / "summary.json").read_text())["metrics"]["model_bytes"]
+    cfg_bytes = record_nbytes(RecordDict({RUN_KEY: ConfigRecord(json.loads((run / "config.json").read_text()))}))
     per = json.loads((run / "comm.json").read_text())["totals"]["per_client"]
     vals = [(r["up_bytes"] + r["down_bytes"] - r["messages_down"] * cfg_bytes) / model for r in per.values()]
     return round(sum(vals) / len(vals), 3)
