@@ -77,8 +77,7 @@ def _opts(ctx: ClientContext):
 
 def _local_data(ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     shard = ctx.shard
-    sizes = [len(shard.info.attributes[n]) for n in P.ATTRS]
-    return shard.train.x.float(), attribute_labels(shard.train, P.ATTRS), sizes
+    return shard.train.x.float(), attribute_labels(shard.train, P.ATTRS), P.attribute_sizes(shard.info)
 
 
 def _net(ctx: ClientContext, sizes: list[int]) -> VelocityNet:

@@ -29,7 +29,7 @@ def training_data(a, seed: int):
     from fedapp.config import parse_run_config
     from fedapp.data import client_shard, server_data
     from fedapp.models.compose import attribute_labels, pair_counts
-    from fedapp.protocols.dcfm import ATTRS
+    from fedapp.protocols.dcfm import ATTRS, attribute_sizes
 
     settings = {**SETTINGS, "dataset": a.dataset, "image-size": a.image_size, "dcfm.width": a.width}
     cfg = parse_run_config(config("fedflow", {}, a.split, a.clients, settings, "runs", seed))
@@ -38,7 +38,7 @@ def training_data(a, seed: int):
     x = torch.cat([s.train.x.float() for s in shards])
     y = torch.cat([attribute_labels(s.train, ATTRS) for s in shards])
     server = server_data(cfg, a.clients)
-    sizes = [len(server.info.attributes[n]) for n in ATTRS]
+    sizes = attribute_sizes(server.info)
     seen = pair_counts(y, sizes).nonzero().tolist()
     return x, y, seen, server, sizes
 

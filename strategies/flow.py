@@ -45,7 +45,7 @@ class FlowTask:
                               f"{' or '.join(with_attribute('color'))} with partitioner=attribute-holdout "
                               f"(got {cfg.dataset}, {cfg.partitioner})")
         self.run, self.server, self.opts = run, server, cfg.options
-        self.sizes = [len(server.info.attributes[a]) for a in P.ATTRS]
+        self.sizes = P.attribute_sizes(server.info)
         self.shape = (server.info.channels, cfg.image_size, cfg.image_size)
         net = self.new_model()
         self.expected = {k: tuple(v.shape) for k, v in net.state_dict().items()}

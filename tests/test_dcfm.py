@@ -143,6 +143,16 @@ class Interacting(torch.nn.Module):
         return out[:, None].expand(-1, 2)
 
 
+def test_attribute_sizes_follow_the_datasets_attributes_in_protocol_order():
+    import feddata as fd
+    from fedapp.protocols.dcfm import ATTRS, attribute_sizes
+
+    info = fd.dataset_info("colored-digits")
+    assert attribute_sizes(info) == [10, len(info.attributes["color"])] and ATTRS[0] == "digit"
+    other = fd.DatasetInfo("toy", 3, ["a", "b", "c"], {"color": ["r", "g"], "digit": ["0", "1", "2", "3"]}, 8)
+    assert attribute_sizes(other) == [4, 2]  # by name, not by the dict's order
+
+
 def test_of_pairs_marks_the_rows_of_the_wanted_pairs():
     from fedapp.models.compose import of_pairs
 

@@ -38,6 +38,12 @@ TRAIN_FM, TRAIN_CI = "train_fm", "train_ci"  # train metrics: mean L_FM and CI p
 EXPERT_METRICS = (NUM_EXAMPLES_KEY, TRAIN_FM, TRAIN_CI)
 
 
+def attribute_sizes(info) -> list[int]:
+    """|Y_1|, |Y_2|: how many values each of ATTRS takes in a dataset (its DatasetInfo); the velocity net's
+    label-embedding sizes, so the server and every client build the same net."""
+    return [len(info.attributes[a]) for a in ATTRS]
+
+
 def within_shard(content: RecordDict, facts: ShardFacts) -> str | None:
     """Pair counts n_a(y_1, y_2) at most the shard's (they weight the server's mixture of experts),
     summing to num-examples (FedFlow's averaging weight)."""
