@@ -8,7 +8,7 @@ readers (fedapp.readers, held-out accuracy printed). --train pooled is FedFlow's
 the seen pairs of the split); --train client<k> is one Stage-I expert on its own shard. A checkpoint converges
 when its seen-pair composition accuracy is >= 90 % (experiments.common.generative_verdict, the table's own
 verdict); the budget is the first checkpoint at which every seed does. Writes
-<out>/dcfm_budget_<dataset>_<size>px_<split>_<train>[_w<width>].json and .png.
+<out>/dcfm_budget_<dataset>_<size>px_<split>_<train>[_w<width>][_ci<lambda>].json and .png.
 """
 
 from __future__ import annotations
@@ -55,6 +55,14 @@ def read_pairs(model, readers: dict, pairs: list[list[int]], a, seed: int) -> di
     return {"composition_accuracy": composition_accuracy(digit, color, y[:, 0], y[:, 1]),
             "digit_accuracy": float((digit == y[:, 0]).float().mean()),
             "color_accuracy": float((color == y[:, 1]).float().mean())}
+
+
+def result_path(a: argparse.Namespace) -> Path:
+    """The sweep's JSON, named by every choice that moves its figures beyond the defaults (a run with L_CI
+    must not resume, or overwrite, the plain L_FM sweep of the same expert)."""
+    width = f"_w{a.width}" if a.width != 32 else ""
+    ci = f"_ci{a.lambda_ci:g}" if a.lambda_ci else ""
+    return Path(a.out) / f"dcfm_budget_{a.dataset}_{a.image_size}px_{a.split}_{a.train}{width}{ci}.json"
 
 
 def sweep_seed(a, seed: int, steps: list[int], progress=lambda points: None) -> dict[str, Any]:
@@ -136,7 +144,7 @@ def plot(result: dict[str, Any], path: Path) -> None:
     plt.close(fig)
 
 
-def main(argv: list[str]) -> None:
+def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog=prog("dcfm-budget"), description=__doc__.split("\n")[0])
     p.add_argument("--dataset", default="colored-mnist")
     p.add_argument("--image-size", type=int, default=16)
@@ -151,7 +159,11 @@ def main(argv: list[str]) -> None:
     p.add_argument("--samples-per-pair", type=int, default=30)
     p.add_argument("--sample-steps", type=int, default=16)
     add_sweep_arguments(p, seeds="0")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str]) -> None:
+    a = parser().parse_args(argv)
     steps = checkpoint_steps(a.steps)
     if a.train != "pooled" and not (a.train.startswith("client") and a.train[6:].isdigit()
                                     and int(a.train[6:]) < a.clients):
@@ -160,8 +172,7 @@ def main(argv: list[str]) -> None:
     torch.set_num_threads(a.threads)
     quiet_logs()
     setup = {k: v for k, v in vars(a).items() if k not in ("seeds", "threads", "out")}
-    width = f"_w{a.width}" if a.width != 32 else ""
-    path = Path(a.out) / f"dcfm_budget_{a.dataset}_{a.image_size}px_{a.split}_{a.train}{width}.json"
+    path = result_path(a)
     result = run_sweep(path, setup, a.seeds, lambda seed, progress, partial: sweep_seed(a, seed, steps, progress),
                        summary)
     plot(result, path.with_suffix(".png"))

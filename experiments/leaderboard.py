@@ -354,7 +354,8 @@ def plot(summary: dict[str, dict[str, Any]], front: dict[str, list[str]], path: 
                 where="post", color="k", lw=1, ls="--", label="Pareto front")
         for n in (n for n in ORACLES if n in summary):
             ax.axhline(mean_of(summary[n], "accuracy"), color="grey", ls=":", lw=1, label=f"{n} (oracle)")
-        ax.set_xscale("log")
+        if names:  # an oracle-only table has no point to put on a log axis
+            ax.set_xscale("log")
         ax.set_xlabel(label)
         ax.set_ylabel("global test accuracy, %")
         ax.grid(alpha=0.3)
@@ -369,15 +370,16 @@ def plot(summary: dict[str, dict[str, Any]], front: dict[str, list[str]], path: 
 
 
 def shown_options(argv: list[str]) -> list[str]:
-    """The command's options without the ones that move no figure (where files go, torch threads): the page
-    shows the command a reader runs to measure the same cells."""
+    """The command's options without the ones that move no figure (where files go, torch threads) or no row (the
+    table shows every entry's cells on disk, whichever --entries ran them): the page shows the command a reader
+    runs to measure the same cells."""
     out, skip = [], False
     for arg in argv:
         if skip:
             skip = False
         elif arg in ("--refigure", "--no-run"):
             continue
-        elif arg.split("=")[0] in ("--out", "--doc", "--runs", "--threads"):
+        elif arg.split("=")[0] in ("--out", "--doc", "--runs", "--threads", "--entries"):
             skip = "=" not in arg
         else:
             out.append(arg)
@@ -391,7 +393,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--partitioner", default="domain", choices=sorted(SETTINGS))
     p.add_argument("--alpha", type=float, default=0.1, help="the Dirichlet concentration (--partitioner dirichlet)")
     p.add_argument("--seeds", default="0,1,2")
-    p.add_argument("--entries", default=",".join(ENTRIES), help=f"subset of {','.join(ENTRIES)}")
+    p.add_argument("--entries", default=",".join(ENTRIES),
+                   help=f"the entries whose cells to run, a subset of {','.join(ENTRIES)}; the table shows every "
+                        "entry with cells on disk at --seeds")
     p.add_argument("--set", nargs="*", default=[], help="run-config overrides for every cell")
     p.add_argument("--out", default="docs/results/leaderboard")
     p.add_argument("--doc", default="docs/leaderboard.md", help="the page the setting's table is written into")
@@ -412,9 +416,10 @@ def main(argv: list[str]) -> None:
         seeds = parse_seeds(a.seeds)
         # seed-major: every entry of a seed before the next seed, so a table cut short is a whole seed sooner
         configs = {(e, s): cell_config(a, e, s) for s in seeds for e in entries}
+        # the table is the setting's: every entry with cells on disk at these seeds, whichever entries this call runs
+        table = {(e, s): cell_config(a, e, s) for e in ENTRIES for s in seeds}
     clients = SETTINGS[a.partitioner]["clients"]
     check_configs(list(configs.values()), clients)
-    shown = [e for e in ENTRIES if e in entries]  # the table's order is ENTRIES', whatever order the cells run in
     import torch
 
     torch.set_num_threads(a.threads)
@@ -436,7 +441,7 @@ def main(argv: list[str]) -> None:
     failed: dict[str, str] = {}
 
     def publish() -> str:  # after every cell, so that a table cut short has its finished cells on the page
-        return write_outputs(a, argv, configs, shown, cells_dir, failed)
+        return write_outputs(a, argv, table, cells_dir, failed)
 
     text = None  # the table as last published; None when nothing since (a failure, or no cell run)
     for (entry, seed), flat in todo.items():
@@ -456,14 +461,15 @@ def main(argv: list[str]) -> None:
 
 
 def write_outputs(a: argparse.Namespace, argv: list[str], configs: dict[tuple[str, int], dict[str, Any]],
-                  shown: list[str], cells_dir: Path, failed: dict[str, str]) -> str:
-    """The setting's JSON, plot and page block from the cells on disk (a failed cell is left out and runs
-    again next time); returns the table's markdown."""
+                  cells_dir: Path, failed: dict[str, str]) -> str:
+    """The setting's JSON, plot and page block from the cells of `configs` on disk, in ENTRIES' order (a cell
+    not on disk, a failed one included, is left out and runs next time); returns the table's markdown."""
     setting, out, clients = setting_name(a), Path(a.out), SETTINGS[a.partitioner]["clients"]
     cells: dict[str, dict[str, dict[str, Any]]] = {}
-    for (entry, seed), flat in sorted(configs.items(), key=lambda kv: shown.index(kv[0][0])):
+    for (entry, seed), flat in configs.items():  # entry-major (main's `table`): a row's seeds stay together
         if cell_file(cells_dir, flat).is_file():
             cells.setdefault(entry, {})[str(seed)] = json.loads(cell_file(cells_dir, flat).read_text())["figures"]
+    shown = list(cells)
     summary = summarise(cells)
     front = fronts(summary)
     text = table_text(summary, front)

@@ -335,7 +335,7 @@ def test_a_stopped_pfdm_budget_sweep_continues_from_its_last_checkpoint_to_the_u
 
 @pytest.mark.usefixtures("one_torch_thread")
 def test_dcfm_budget_sweep_reads_one_experts_seen_pairs_at_each_checkpoint(tmp_path):
-    from experiments.dcfm_budget import budget, main
+    from experiments.dcfm_budget import budget, main, parser, result_path
 
     main(["--dataset", "colored-digits", "--image-size", "8", "--steps", "2,4", "--samples-per-pair", "2",
           "--sample-steps", "2", "--ref-epochs", "1", "--width", "8", "--batch", "8", "--train", "client1",
@@ -350,6 +350,11 @@ def test_dcfm_budget_sweep_reads_one_experts_seen_pairs_at_each_checkpoint(tmp_p
     assert (tmp_path / "dcfm_budget_colored-digits_8px_non-iid_client1_w8.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="--train='client9': must be pooled or client<k>"):
         main(["--train", "client9", "--out", str(tmp_path)])
+    # an L_CI expert is its own sweep: it neither resumes nor overwrites the plain L_FM one
+    names = {result_path(parser().parse_args(argv)).name for argv in ([], ["--lambda-ci", "1"], ["--lambda-ci", "0.5"])}
+    assert names == {"dcfm_budget_colored-mnist_16px_non-iid_pooled.json",
+                     "dcfm_budget_colored-mnist_16px_non-iid_pooled_ci1.json",
+                     "dcfm_budget_colored-mnist_16px_non-iid_pooled_ci0.5.json"}
     # the budget: the first checkpoint where every seed reads >= 90 %, readers judged by their thresholds
     def seed(accs, digit=0.98, color=0.995):
         return {"reader_accuracy": {"digit": digit, "color": color},
@@ -764,3 +769,12 @@ def test_leaderboard_runs_each_cell_once_and_a_second_call_only_reads_them(tmp_p
     assert table["failed_cells"] == {f"{e}, seed {s}": "RuntimeError: node gone" for s in (1, 2)
                                      for e in ("FedAvg", "Centralised")}
     assert table["summary"]["FedAvg"]["seeds"] == ["0"]
+    # running one entry publishes the setting's whole table, the rows it did not run included
+    leaderboard.main([*args[:7], "Centralised", *args[8:], "--no-run"])
+    table = json.loads((tmp_path / "out" / "leaderboard_digit-styles-domain.json").read_text())
+    assert list(table["summary"]) == ["FedAvg", "Centralised"]
+    assert "--entries" not in (tmp_path / "leaderboard.md").read_text()
+    # a table of the oracle alone (its first cell on a new setting) still plots: no point on the log axes
+    alone = leaderboard.summarise({"Centralised": {"0": oracle}})
+    leaderboard.plot(alone, leaderboard.fronts(alone), tmp_path / "oracle.png", "oracle only")
+    assert (tmp_path / "oracle.png").stat().st_size > 0
