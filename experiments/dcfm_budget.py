@@ -90,7 +90,8 @@ def sweep_seed(a, seed: int, steps: list[int], progress=lambda points: None) -> 
         progress(points)
 
     train_expert(model, x, y, steps=steps[-1], batch=a.batch, lr=a.lr, pi=(1.0, 0.0, 0.0),
-                 lambda_ci=a.lambda_ci, seed=seed * 100_003 + steps[-1], checkpoints=steps, on_checkpoint=read)
+                 lambda_ci=a.lambda_ci, ci_batch=a.ci_batch, seed=seed * 100_003 + steps[-1], checkpoints=steps,
+                 on_checkpoint=read)
     return {"train_images": len(x), "seen_pairs": len(seen),
             "reader_accuracy": {n: r.held_out_accuracy for n, r in readers.items()}, "points": points}
 
@@ -156,6 +157,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--lambda-ci", type=float, default=0.0, help="L_CI weight (0: plain masked L_FM, FedFlow's)")
+    p.add_argument("--ci-batch", type=int, default=0,
+                   help="samples of the minibatch the L_CI term is estimated on (0: all; dcfm.ci-batch)")
     p.add_argument("--samples-per-pair", type=int, default=30)
     p.add_argument("--sample-steps", type=int, default=16)
     add_sweep_arguments(p, seeds="0")

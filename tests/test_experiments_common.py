@@ -334,20 +334,24 @@ def test_a_stopped_pfdm_budget_sweep_continues_from_its_last_checkpoint_to_the_u
 
 
 @pytest.mark.usefixtures("one_torch_thread")
-def test_dcfm_budget_sweep_reads_one_experts_seen_pairs_at_each_checkpoint(tmp_path):
+def test_dcfm_budget_sweep_reads_one_experts_seen_pairs_at_each_checkpoint(tmp_path, monkeypatch):
+    import clients.dcfm
     from experiments.dcfm_budget import budget, main, parser, result_path
 
+    trained, real = [], clients.dcfm.train_expert
+    monkeypatch.setattr(clients.dcfm, "train_expert", lambda *a, **kw: trained.append(kw) or real(*a, **kw))
     main(["--dataset", "colored-digits", "--image-size", "8", "--steps", "2,4", "--samples-per-pair", "2",
           "--sample-steps", "2", "--ref-epochs", "1", "--width", "8", "--batch", "8", "--train", "client1",
-          "--out", str(tmp_path)])
-    out = json.loads((tmp_path / "dcfm_budget_colored-digits_8px_non-iid_client1_w8.json").read_text())
+          "--lambda-ci", "1", "--ci-batch", "4", "--out", str(tmp_path)])
+    assert [(kw["lambda_ci"], kw["ci_batch"], kw["steps"]) for kw in trained] == [(1.0, 4, 4)]  # the table's L_CI
+    out = json.loads((tmp_path / "dcfm_budget_colored-digits_8px_non-iid_client1_w8_ci1.json").read_text())
     s = out["seeds"]["0"]
     assert [q["steps"] for q in s["points"]] == [2, 4] and 0 < s["seen_pairs"] < 60  # a client lacks pairs
     for q in s["points"]:
         assert q["loss_fm"] > 0 and 0 <= q["seen_composition_accuracy"] <= min(q["seen_digit_accuracy"],
                                                                               q["seen_color_accuracy"])
     assert out["verdict"]["converged"] is False and out["budget"]["steps"] is None  # 4 steps learn nothing
-    assert (tmp_path / "dcfm_budget_colored-digits_8px_non-iid_client1_w8.png").stat().st_size > 0
+    assert (tmp_path / "dcfm_budget_colored-digits_8px_non-iid_client1_w8_ci1.png").stat().st_size > 0
     with pytest.raises(SystemExit, match="--train='client9': must be pooled or client<k>"):
         main(["--train", "client9", "--out", str(tmp_path)])
     # an L_CI expert is its own sweep: it neither resumes nor overwrites the plain L_FM one
