@@ -466,7 +466,8 @@ def write_outputs(a: argparse.Namespace, argv: list[str], configs: dict[tuple[st
     not on disk, a failed one included, is left out and runs next time); returns the table's markdown."""
     setting, out, clients = setting_name(a), Path(a.out), SETTINGS[a.partitioner]["clients"]
     cells: dict[str, dict[str, dict[str, Any]]] = {}
-    for (entry, seed), flat in configs.items():  # entry-major (main's `table`): a row's seeds stay together
+    order = list(ENTRIES)
+    for (entry, seed), flat in sorted(configs.items(), key=lambda kv: order.index(kv[0][0])):  # stable: seeds kept
         if cell_file(cells_dir, flat).is_file():
             cells.setdefault(entry, {})[str(seed)] = json.loads(cell_file(cells_dir, flat).read_text())["figures"]
     shown = list(cells)
