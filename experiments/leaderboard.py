@@ -415,9 +415,9 @@ def main(argv: list[str]) -> None:
         entries = subset_of("entries", a.entries, ENTRIES)
         seeds = parse_seeds(a.seeds)
         # seed-major: every entry of a seed before the next seed, so a table cut short is a whole seed sooner
-        configs = {(e, s): cell_config(a, e, s) for s in seeds for e in entries}
         # the table is the setting's: every entry with cells on disk at these seeds, whichever entries this call runs
         table = {(e, s): cell_config(a, e, s) for e in ENTRIES for s in seeds}
+        configs = {(e, s): table[e, s] for s in seeds for e in entries}
     clients = SETTINGS[a.partitioner]["clients"]
     check_configs(list(configs.values()), clients)
     import torch
