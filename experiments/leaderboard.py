@@ -114,10 +114,15 @@ def cell_config(a: argparse.Namespace, entry: str, seed: int) -> dict[str, Any]:
         flat["fraction-evaluate"] = 1.0
     overrides = parse_set(a.set)
     flat.update(overrides)
-    if round_based(flat["method"]):  # the clients evaluate once, at the end
+    if round_based(flat["method"]):
         from fedapp.config import all_defaults
 
-        flat["evaluate-every"] = flat.get("num-server-rounds", all_defaults()["num-server-rounds"])
+        defaults = all_defaults()
+        flat["evaluate-every"] = flat.get("num-server-rounds", defaults["num-server-rounds"])  # once, at the end
+        if "min-clients" not in overrides:  # Flower's FedAvg samples at least min-clients: a round's share, so
+            # that fraction-train applies (min-clients = all 10 made the first Dirichlet cells train 10 a round)
+            flat["min-clients"] = max(1, int(setting["clients"] * flat.get("fraction-train",
+                                                                            defaults["fraction-train"])))
     return flat
 
 

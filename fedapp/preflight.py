@@ -146,6 +146,21 @@ def check_nodes(cfg: RunConfig, num_nodes: int) -> None:
         raise ConfigError(f"min-clients={cfg.min_clients}: must be <= the federation's {num_nodes} nodes")
 
 
+def check_sample_size(cfg: RunConfig, num_nodes: int) -> None:
+    """A fraction below 1 must sample at least min-clients nodes: Flower's FedAvg samples
+    max(int(nodes x fraction), min-clients), so a smaller share is silently replaced by min-clients
+    (min-clients = nodes made a 0.5 run train every node every round, issue 32's first Dirichlet cells)."""
+    if not cfg.spec.samples_clients:
+        return
+    for key, value in (("fraction-train", cfg.fraction_train), ("fraction-evaluate", cfg.fraction_evaluate)):
+        sampled = int(num_nodes * value)
+        if 0.0 < value < 1.0 and sampled < cfg.min_clients:
+            raise ConfigError(f"{key}={value}: samples int({num_nodes} x {value}) = {sampled} of the federation's "
+                              f"{num_nodes} nodes, fewer than min-clients={cfg.min_clients}, which Flower's FedAvg "
+                              f"would sample instead; must be >= {cfg.min_clients}/{num_nodes}"
+                              + (f", or lower min-clients to <= {sampled}" if sampled else ""))
+
+
 # Keys a resumed run may change: where it writes and that it resumes.
 RESUME_FREE_KEYS = ("resume", "run-name", "out-dir", "log.tensorboard")  # where and what it logs, not what it computes
 
@@ -187,4 +202,5 @@ def preflight(cfg: RunConfig, num_nodes: int | None = None) -> None:
     check_model(cfg)
     if num_nodes is not None:
         check_nodes(cfg, num_nodes)
+        check_sample_size(cfg, num_nodes)
         check_data(cfg, num_nodes)

@@ -144,6 +144,21 @@ def test_min_clients_above_the_federation_is_refused_before_ray(tmp_path, monkey
         fedapp.simulate({"min-clients": 5, "out-dir": str(tmp_path)}, num_clients=4)
 
 
+def test_a_fraction_that_samples_fewer_than_min_clients_is_refused_before_ray(tmp_path, monkeypatch):
+    """Flower's FedAvg samples max(int(nodes x fraction), min-clients): a share under min-clients would be
+    replaced silently (fraction-train 0.5 with min-clients = every node trains every node)."""
+    import flwr.simulation
+
+    monkeypatch.setattr(flwr.simulation, "run_simulation", lambda **_: pytest.fail("Ray started"))
+    with pytest.raises(ConfigError, match=r"^fraction-train=0.5: samples int\(10 x 0.5\) = 5 of the federation's 10 "
+                                          r"nodes, fewer than min-clients=10, .*must be >= 10/10, or lower min-clients "
+                                          r"to <= 5$"):
+        fedapp.simulate({"method": "fedavg", "fraction-train": 0.5, "min-clients": 10, "out-dir": str(tmp_path)},
+                        num_clients=10)
+    with pytest.raises(ConfigError, match=r"^fraction-evaluate=0.2: samples int\(4 x 0.2\) = 0 .*must be >= 2/4$"):
+        fedapp.simulate({"method": "fedavg", "fraction-evaluate": 0.2, "out-dir": str(tmp_path)}, num_clients=4)
+
+
 def test_node_waiting_is_bounded_by_node_timeout(tmp_path):
     from fedapp.config import all_defaults
 

@@ -653,6 +653,28 @@ def test_leaderboard_pareto_front_keeps_exactly_the_points_nothing_dominates():
     assert pareto_front({"a": (2.0, 1.0), "b": (2.0, 2.0)}) == ["b"]
 
 
+@pytest.mark.parametrize("partitioner", ["domain", "dirichlet"])
+def test_leaderboard_round_cells_train_their_fraction_of_the_clients_and_pass_preflight(partitioner):
+    """min-clients is Flower's floor on a round's sample: a round-based cell sets it to the round's share,
+    so fraction-train applies (the first Dirichlet cells set it to all 10 and trained 10 of 10 a round)."""
+    from experiments.leaderboard import ENTRIES, SETTINGS, cell_config, parser, round_based
+    from fedapp.config import all_defaults, parse_run_config
+    from fedapp.preflight import check_sample_size
+
+    clients = SETTINGS[partitioner]["clients"]
+    a = parser().parse_args(["--partitioner", partitioner])
+    for entry in ENTRIES:
+        flat = cell_config(a, entry, 0)
+        cfg = parse_run_config({**all_defaults(), **flat})
+        check_sample_size(cfg, clients)
+        trained = max(int(clients * cfg.fraction_train), cfg.min_clients)  # Flower FedAvg's sample size
+        expected = int(clients * SETTINGS[partitioner]["rounds"].get("fraction-train", 1.0))
+        assert trained == (expected if round_based(flat["method"]) else clients), entry
+    assert expected == {"domain": 4, "dirichlet": 5}[partitioner]
+    a = parser().parse_args(["--partitioner", partitioner, "--set", "min-clients=2"])
+    assert cell_config(a, "FedAvg", 0)["min-clients"] == 2  # an explicit override stays
+
+
 def test_leaderboard_cell_figures_leave_the_final_evaluation_out_of_the_methods_cost():
     from experiments import leaderboard
     from experiments.leaderboard import figures, summarise

@@ -282,6 +282,18 @@ def test_fraction_train_is_refused_where_no_client_sampling_exists(tmp_path):
         parse_run_config({"fraction-train": 0.0})
 
 
+def test_sample_size_check_passes_a_share_of_at_least_min_clients_and_any_method_without_sampling():
+    from fedapp.config import ConfigError
+    from fedapp.preflight import check_sample_size
+
+    check_sample_size(parse_run_config({"method": "fedavg", "fraction-train": 0.5, "min-clients": 5}), 10)
+    check_sample_size(parse_run_config({"method": "fedavg", "fraction-evaluate": 0.0, "min-clients": 10}), 10)
+    check_sample_size(parse_run_config({"method": "fedavg", "min-clients": 10}), 10)  # 1.0: every node
+    with pytest.raises(ConfigError, match=r"^fraction-train=0.5: .* = 4 .*min-clients=5"):
+        check_sample_size(parse_run_config({"method": "feddifrc", "fraction-train": 0.5, "min-clients": 5}), 9)
+    check_sample_size(parse_run_config({"method": "espresso", "min-clients": 10}), 10)  # asks every node anyway
+
+
 def test_a_client_with_an_empty_test_split_may_report_zero_examples_and_no_other():
     from fedapp.protocols import METRICS_KEY, NUM_EXAMPLES_KEY, ShardFacts, classify
     from fedapp.server.validation import check_examples
