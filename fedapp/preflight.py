@@ -146,19 +146,26 @@ def check_nodes(cfg: RunConfig, num_nodes: int) -> None:
         raise ConfigError(f"min-clients={cfg.min_clients}: must be <= the federation's {num_nodes} nodes")
 
 
-def check_sample_size(cfg: RunConfig, num_nodes: int) -> None:
-    """A fraction below 1 must sample at least min-clients nodes: Flower's FedAvg samples
+def sample_size_problem(cfg: RunConfig, num_nodes: int) -> str | None:
+    """Why a fraction below 1 would not apply on `num_nodes` nodes, or None. Flower's FedAvg samples
     max(int(nodes x fraction), min-clients), so a smaller share is silently replaced by min-clients
     (min-clients = nodes made a 0.5 run train every node every round, issue 32's first Dirichlet cells)."""
     if not cfg.spec.samples_clients:
-        return
+        return None
     for key, value in (("fraction-train", cfg.fraction_train), ("fraction-evaluate", cfg.fraction_evaluate)):
         sampled = int(num_nodes * value)
         if 0.0 < value < 1.0 and sampled < cfg.min_clients:
-            raise ConfigError(f"{key}={value}: samples int({num_nodes} x {value}) = {sampled} of the federation's "
-                              f"{num_nodes} nodes, fewer than min-clients={cfg.min_clients}, which Flower's FedAvg "
-                              f"would sample instead; must be >= {cfg.min_clients}/{num_nodes}"
-                              + (f", or lower min-clients to <= {sampled}" if sampled else ""))
+            return (f"{key}={value}: samples int({num_nodes} x {value}) = {sampled} of the federation's {num_nodes} "
+                    f"nodes, fewer than min-clients={cfg.min_clients}, which Flower's FedAvg would sample instead; "
+                    f"must be >= {cfg.min_clients}/{num_nodes}"
+                    + (f", or lower min-clients to <= {sampled}" if sampled else ""))
+    return None
+
+
+def check_sample_size(cfg: RunConfig, num_nodes: int) -> None:
+    """A simulation's federation is known before it starts: a fraction that would not apply is refused."""
+    if (why := sample_size_problem(cfg, num_nodes)) is not None:
+        raise ConfigError(why)
 
 
 # Keys a resumed run may change: where it writes and that it resumes.

@@ -12,7 +12,7 @@ from flwr.serverapp import Grid, ServerApp
 
 from fedapp import registry
 from fedapp.config import ConfigError, RunConfig, check_data, parse_run_config
-from fedapp.preflight import preflight
+from fedapp.preflight import preflight, sample_size_problem
 from fedapp.progress import setup_logging
 from fedapp.results import RunDir
 from fedapp.server import MeteredGrid, ServerRun, wait_for_nodes
@@ -55,6 +55,8 @@ def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
         nodes = wait_for_nodes(grid, cfg.min_clients, timeout=cfg.node_timeout)
         summary["num_clients"] = len(nodes)
         check_data(cfg, len(nodes))
+        if (why := sample_size_problem(cfg, len(nodes))) is not None:  # more nodes may still connect: a warning
+            log.warning("%s (on the %d nodes connected at the start)", why, len(nodes))
         strategy = registry.strategy_class(cfg.method)(run)
         summary["metrics"] = strategy.execute(MeteredGrid(grid, run))
         summary["status"] = "completed"

@@ -159,6 +159,20 @@ def test_a_fraction_that_samples_fewer_than_min_clients_is_refused_before_ray(tm
         fedapp.simulate({"method": "fedavg", "fraction-evaluate": 0.2, "out-dir": str(tmp_path)}, num_clients=4)
 
 
+@pytest.mark.usefixtures("inside_a_run")
+def test_a_deployed_server_warns_where_the_connected_nodes_make_a_fraction_inapplicable(fedapp_log, tmp_path):
+    """A deployment's federation may still grow after min-clients nodes connect: the server says so in
+    its log, naming the keys, and goes on (here to the first message, which this grid refuses)."""
+    from fedapp.config import all_defaults
+
+    flat = {**all_defaults(), "method": "fedavg", "fraction-train": 0.5, "min-clients": 4, "out-dir": str(tmp_path)}
+    with pytest.raises(AssertionError, match="a message was sent"):
+        run_server(_NoClientWork(), flat)
+    warned = [r.getMessage() for r in fedapp_log.records if r.levelname == "WARNING"]
+    assert any(m.startswith("fraction-train=0.5: samples int(4 x 0.5) = 2 of the federation's 4 nodes, fewer than "
+                            "min-clients=4") and m.endswith("(on the 4 nodes connected at the start)") for m in warned)
+
+
 def test_node_waiting_is_bounded_by_node_timeout(tmp_path):
     from fedapp.config import all_defaults
 
