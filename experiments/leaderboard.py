@@ -484,7 +484,8 @@ def write_outputs(a: argparse.Namespace, argv: list[str], configs: dict[tuple[st
                       {"setting": {"dataset": a.dataset, "partitioner": a.partitioner, "clients": clients,
                                    **({"alpha": a.alpha} if a.partitioner == "dirichlet" else {}),
                                    "seeds": seeds, "set": a.set, "budgets": SETTINGS[a.partitioner]},
-                       "entries": {e: ENTRIES[e] for e in shown}, "summary": summary, "pareto": front,
+                       "entries": {e: ENTRIES[e] for e in shown}, "baseline": BASELINE,  # vs_baseline pairs against it
+                       "summary": summary, "pareto": front,
                        "cells": cells, "failed_cells": failed, "table_markdown": text})
     plot(summary, front, out / f"leaderboard_{setting}.png", setting)
     command = "python -m experiments leaderboard " + " ".join(shown_options(argv))

@@ -768,6 +768,7 @@ def test_leaderboard_runs_each_cell_once_and_a_second_call_only_reads_them(tmp_p
     assert len(fedavg["per_client_accuracy"]) == 4 and fedavg["client_seconds_per_client"] > 0  # asked once, at the end
     assert oracle["rounds"] == 0 and oracle["up_bytes_per_client"] == 0
     assert table["pareto"]["up_bytes_per_client"] == ["FedAvg"]  # the oracle is a reference, never on the front
+    assert table["baseline"] == "FedAvg" and table["summary"]["Centralised"]["vs_baseline"]["n"] == 1
     assert (tmp_path / "out" / "leaderboard_digit-styles-domain.png").is_file()
     page = (tmp_path / "leaderboard.md").read_text()
     assert "| FedAvg ◆ ⧗ | 1 |" in page and "--out" not in page and "--set partitioner.per-class=2" in page
