@@ -2,6 +2,11 @@
 
 import os
 
+# The suite runs offline as `python -m pytest -q`, with nothing to export first: Flower never installs the
+# app's dependencies at run time or checks for updates, and Hugging Face never reaches for its hub.
+for _name in ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "FLWR_DISABLE_UPDATE_CHECK", "HF_HUB_OFFLINE"):
+    os.environ.setdefault(_name, "1")
+
 import pytest
 from flwr.supercore.task_identity import TaskIdentity
 
