@@ -42,7 +42,8 @@ def main() -> None:
     from clients.classify import local_train
     from fedapp.client_context import ClientContext
     from fedapp.config import all_defaults, parse_run_config
-    from fedapp.models.classifier import build_classifier, feddifrc_classifier
+    from fedapp.models.classifier import build_classifier
+    from fedapp.protocols.feddifrc import feddifrc_classifier
 
     flat = {**all_defaults(), "method": "feddifrc", "dataset": a.dataset, "prior": a.prior,
             "partitioner.name": "dirichlet", "partitioner.per-class": 0,

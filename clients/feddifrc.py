@@ -29,10 +29,10 @@ from torch.nn import functional as F
 from clients import feddifrc_targets as T
 from clients.classify import evaluate_reply, local_train, round_of, train_reply
 from fedapp.client_context import ClientContext
-from fedapp.models.classifier import feddifrc_classifier
 from fedapp.progress import track
 from fedapp.protocols import ARRAYS_KEY, EVALUATE
-from fedapp.protocols.feddifrc import CACHE_BYTES, FEATURE_SECONDS, STATE_TARGETS, STATE_TARGETS_ID, TRAIN, target_dims
+from fedapp.protocols.feddifrc import (CACHE_BYTES, FEATURE_SECONDS, STATE_TARGETS, STATE_TARGETS_ID, TRAIN,
+                                       feddifrc_classifier, target_dims)
 from fedapp.seeds import derive_seed
 
 _CACHE: dict[str, "DiffusionTargets"] = {}  # process memory: cache key -> targets

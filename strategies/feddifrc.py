@@ -15,7 +15,6 @@ from typing import Any
 
 from flwr.app import Message
 
-from fedapp.models.classifier import feddifrc_classifier
 from fedapp.protocols import METRICS_KEY
 from fedapp.protocols import feddifrc as P
 from fedapp.protocols.records import partition_of
@@ -32,7 +31,7 @@ class FedDifRCStrategy(FedAvgStrategy):
 
     def build_model(self):
         """The classifier whose embedding (or projection head g on it) TDCL/NDCR act on."""
-        return feddifrc_classifier(self.run.cfg, self.server_data().info.num_classes)
+        return P.feddifrc_classifier(self.run.cfg, self.server_data().info.num_classes)
 
     def build_prior(self) -> None:
         """A built-in tiny prior not built yet is built here, once, before any client needs it: the nodes of a

@@ -7,8 +7,8 @@ import os
 for _name in ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "FLWR_DISABLE_UPDATE_CHECK", "HF_HUB_OFFLINE"):
     os.environ.setdefault(_name, "1")
 
-import pytest
-from flwr.supercore.task_identity import TaskIdentity
+import pytest  # noqa: E402 (after the environment above, which imports read)
+from flwr.supercore.task_identity import TaskIdentity  # noqa: E402
 
 
 def pytest_configure(config):

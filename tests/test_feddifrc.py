@@ -12,7 +12,8 @@ from clients import feddifrc as fd
 from clients import feddifrc_targets as T
 from fedapp.client_context import ClientContext
 from fedapp.config import ConfigError, all_defaults, parse_run_config
-from fedapp.models.classifier import ProjectedClassifier, feddifrc_classifier
+from fedapp.models.classifier import ProjectedClassifier
+from fedapp.protocols.feddifrc import feddifrc_classifier
 from fedapp.models.features import UNetFeatureExtractor
 from fedapp.models.prior.tiny import TEST_CONFIG, random_tiny_prior
 
@@ -202,9 +203,11 @@ def test_shared_basis_is_fitted_on_the_public_split_only(prior_dir, monkeypatch)
     assert not torch.allclose(ca.basis.components[0], cb.basis.components[0])
 
 
-def test_targets_shapes_labels_and_self_supervised_positive(prior_dir, fedapp_log):
+def test_targets_shapes_labels_and_self_supervised_positive(prior_dir, fedapp_log, monkeypatch):
+    from fedapp import progress
     from fedapp.progress import client_scope
 
+    monkeypatch.setattr(progress, "QUIET_SECONDS", 0.0)  # a test-sized phase is short: its lines still show
     ctx = _ctx(prior_dir, pid=0)
     with client_scope(0):
         t = fd.compute_targets(ctx)

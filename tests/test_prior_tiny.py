@@ -125,7 +125,7 @@ def test_load_prior_errors(tmp_path):
 
 
 def test_evaluate_reports_accuracy_and_grid(built):
-    from fedapp.models.prior.tiny import evaluate_tiny_prior
+    from fedapp.prior_evaluation import evaluate_tiny_prior
 
     _, folder = built
     out = evaluate_tiny_prior(folder, "digits", per_class=2, guidances=(1.0, 3.0), num_steps=3, data=synthetic(),

@@ -76,7 +76,7 @@ def test_diffusers_pipeline_loads_the_folder_and_decodes_the_same_images(built):
 
 
 def test_evaluating_a_latent_build_reads_its_vae_reconstructions_beside_the_originals(built):
-    from fedapp.models.prior.tiny import evaluate_tiny_prior
+    from fedapp.prior_evaluation import evaluate_tiny_prior
 
     _, folder = built
     x, y, names = bars(n=20, seed=1)
@@ -90,7 +90,7 @@ def test_evaluating_a_latent_build_reads_its_vae_reconstructions_beside_the_orig
 def test_domain_readings_read_the_vae_round_trip_and_say_which_style_samples_are_drawn_in(built):
     """On a dataset with styles, a domain reader reads the prior's VAE round trip against the originals and
     says which style each sample is in: here the 'samples' are real held-out sketches, so sketch dominates."""
-    from fedapp.models.prior.tiny.evaluate import domain_readings
+    from fedapp.prior_evaluation import domain_readings
     from fedapp.models.prior.tiny.train import server_split
 
     _, folder = built

@@ -199,18 +199,6 @@ def embedding_dim(name: str) -> int:
     return int(AutoConfig.from_pretrained(name).hidden_sizes[-1])
 
 
-
-def feddifrc_classifier(cfg, num_classes: int) -> nn.Module:
-    """FedDifRC's classifier, which both sides train and average: z_i is its embedding, or the output of a
-    projection head g sized to the diffusion targets (cfg.options: FedDifRCOptions.head_dim, from the
-    prior's decoder depth and the embedding size). Call order is fixed: embedding_dim builds a throwaway
-    SmallCNN, which draws from torch's global RNG before the model's own init."""
-    from fedapp.models.prior import prior_up_blocks
-
-    head = cfg.options.head_dim(prior_up_blocks(cfg.prior, cfg.dataset), embedding_dim(cfg.model))
-    return build_classifier(cfg.model, num_classes, proj_dim=head, keep_embedding=True)
-
-
 @torch.no_grad()
 def embed_all(model: nn.Module, x: torch.Tensor, batch: int = 512) -> torch.Tensor:
     """Penultimate features of `x` in eval mode (reference features for Frechet distances)."""

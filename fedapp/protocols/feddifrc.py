@@ -107,6 +107,17 @@ def target_dims(cfg) -> tuple[int, ...]:
     return cfg.options.target_dims(num_up_blocks(cfg), embedding_dim(cfg.model))
 
 
+def feddifrc_classifier(cfg, num_classes: int):
+    """FedDifRC's classifier, which both sides train and average: z_i is its embedding, or the output of a
+    projection head g sized to the diffusion targets (FedDifRCOptions.head_dim, from the prior's decoder depth
+    and the embedding size). Call order is fixed: embedding_dim builds a throwaway SmallCNN, which draws from
+    torch's global RNG before the model's own init."""
+    from fedapp.models.classifier import build_classifier, embedding_dim
+
+    head = cfg.options.head_dim(num_up_blocks(cfg), embedding_dim(cfg.model))
+    return build_classifier(cfg.model, num_classes, proj_dim=head, keep_embedding=True)
+
+
 def preflight(cfg) -> str | None:
     """Named up-blocks must exist in the prior's decoder; on the backbone the targets must have the
     embedding's size (fedapp.preflight calls this before the run)."""

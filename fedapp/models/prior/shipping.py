@@ -22,7 +22,7 @@ from .tiny.cache import cache_root, publish
 
 WEIGHTS = ".safetensors"
 FILES = (".json", ".txt")  # configs, model_index.json, prior_meta.json, tokenizer vocabulary
-LEFT_HOME = (".png",)  # the sample grid evaluate.py writes beside the model: not part of it, never sent
+LEFT_HOME = (".png",)  # the sample grid fedapp.prior_evaluation writes beside the model: not part of it, never sent
 SEP = "::"
 
 

@@ -23,7 +23,7 @@ import torch
 
 from .cache import VAE_DOMAINS, write_json
 from .config import DEFAULT_DATASET, DEFAULT_STEPS, LATENT_CONFIG, LATENT_IMAGE_SIZE, TinyPriorConfig, TinyVaeConfig
-from .evaluate import evaluate_tiny_prior
+from fedapp.prior_evaluation import evaluate_tiny_prior
 from .train import build_tiny_prior
 
 
@@ -48,7 +48,7 @@ def parse_overrides(items: list[str], base=None):
 
 def auto_threads() -> int:
     """Torch threads for CPU training: all cores, but 1 when other processes already load the machine
-    (OpenMP threads on oversubscribed cores slow a step down many times over; docs/tiny_prior.md)."""
+    (OpenMP threads on oversubscribed cores slow a step down many times over; docs/priors.md)."""
     cores = os.cpu_count() or 1
     try:
         busy = os.getloadavg()[0]

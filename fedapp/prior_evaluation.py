@@ -1,4 +1,7 @@
-"""How well a built tiny prior draws the prompted class: a reference classifier reads its samples."""
+"""How well a built tiny prior draws the prompted class: a reference classifier reads its samples.
+
+It sits above both the prior package and the readers (fedapp.readers), which it uses; the prior package
+itself never evaluates (so building a prior never imports the classifiers that read it)."""
 
 from __future__ import annotations
 
@@ -9,10 +12,10 @@ from pathlib import Path
 import torch
 
 from fedapp.images import sample_grid
-from ...text import class_prompts
-from ...classifier import accuracy, predict
-from ..pipeline import load_components
-from .train import server_split
+from fedapp.models.classifier import accuracy, predict
+from fedapp.models.prior.pipeline import load_components
+from fedapp.models.prior.tiny.train import server_split
+from fedapp.models.text import class_prompts
 
 
 def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
