@@ -68,7 +68,7 @@ SETTINGS = {
     # FedDifRC's tables (docs/feddifrc.md): 10 clients, 5 a round; alpha 0.1 converges at 80 rounds x 2 local
     # epochs (alpha 0.05 needs 160: pass --set num-server-rounds=160). The prior is mnist-5k's latent tiny-sd
     # at 32 px, as in FedDifRC's prior row (FedAvg 97.9 %, 3 of 3 converged there): the pixel tiny prior draws
-    # the prompted digit 34 % of the time (docs/tiny_prior.md), which the one-shot entries would inherit.
+    # the prompted digit 34 % of the time (docs/priors.md), which the one-shot entries would inherit.
     "dirichlet": {"clients": 10, "data": {"partitioner.name": "dirichlet", "partitioner.per-class": 0,
                                           "prior": "tiny-sd", "image-size": 32},
                   "rounds": {"num-server-rounds": 80, "local-epochs": 2, "fraction-train": 0.5}},

@@ -27,7 +27,7 @@ class CommonConfig:
     method: str = opt("espresso", help="which method/baseline runs (see fedapp.registry)")
     dataset: str = opt("digit-styles", help="built-in source, hub id or local folder")
     partitioner: str = opt("domain", help="how the client pool is split")
-    seed: int = opt(0, low=0)
+    seed: int = opt(0, low=0, help="seeds every draw: the partition, client training, server sampling and evaluation")
     out_dir: str = opt("runs", help="results land in <out-dir>/<run-name>/")
     run_name: str = opt("", help="empty: <method>-<dataset>-<partitioner>-s<seed>-<time>")
     model: str = opt("cnn", help="classifier: cnn (cnn-gap: the recipe before docs/recipe.md), resnet10, resnet18, "
@@ -35,10 +35,12 @@ class CommonConfig:
     image_size: int | str = opt(AUTO, auto=True, low=8, high=512,
                                 help="pixels per side; auto: the prior's size for methods with a prior, else the "
                                      "dataset's native size")
-    num_server_rounds: int = opt(5, low=1)
-    local_epochs: int = opt(3, low=1)
-    lr: float = opt(0.02, low=0.0, low_open=True)
-    batch_size: int = opt(16, low=1)
+    num_server_rounds: int = opt(5, low=1, help="rounds of the round-based methods (FedAvg family, fedflow, "
+                                                "fedavg-ddpm, dpdm); one-shot methods ignore it")
+    local_epochs: int = opt(3, low=1, help="classification methods: epochs of each client's local SGD per round")
+    lr: float = opt(0.02, low=0.0, low_open=True,
+                    help="classification methods: learning rate of the clients' local SGD (momentum 0.9)")
+    batch_size: int = opt(16, low=1, help="minibatch of the clients' local SGD (and of DCFM-B's student distillation)")
     device: str = opt("auto", help="auto (CUDA when available), cpu, cuda, cuda:N")
     min_clients: int = opt(2, low=1, help="wait for this many nodes; a phase goes on while this many reply")
     fraction_train: float = opt(1.0, low=0.0, low_open=True, high=1.0,
@@ -52,7 +54,8 @@ class CommonConfig:
                                              "N-th round and the last (1: every round; num-server-rounds: the "
                                              "last only, the per-client accuracy without a model download a round)")
     prior: str = opt("tiny", help="diffusion prior: tiny, a HF id or a local folder")
-    round_timeout: float = opt(3600.0, low=0.0, low_open=True)
+    round_timeout: float = opt(3600.0, low=0.0, low_open=True,
+                               help="seconds the server waits for the replies of one round or phase")
     node_timeout: float = opt(600.0, low=0.0, low_open=True, help="seconds the server waits for min-clients nodes")
     resume: str = opt("", help="a round-based run's folder to continue from its last checkpoint ('' = a new run)")
     max_upload_mb: float = opt(512.0, low=0.0, low_open=True, help="uploads larger than this are dropped")
@@ -304,10 +307,18 @@ def write_pyproject(path: str = "pyproject.toml") -> None:
     p.write_text(head + toml_block())
 
 
-if __name__ == "__main__":
-    import sys
+def main(argv: list[str] | None = None) -> None:
+    import argparse
 
-    if "--write" in sys.argv:  # after adding or changing an option
+    ap = argparse.ArgumentParser(prog="python -m fedapp.config",
+                                 description="The [tool.flwr.app.config] block every option's default makes.")
+    ap.add_argument("--write", action="store_true", help="replace it in pyproject.toml (after adding or changing "
+                                                         "an option); else print it")
+    if ap.parse_args(argv).write:
         write_pyproject()
     else:
         print(toml_block(), end="")
+
+
+if __name__ == "__main__":
+    main()

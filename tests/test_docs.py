@@ -87,3 +87,27 @@ def test_every_relative_link_points_at_a_file(doc):
     assert targets or doc != "README.md"
     missing = [t for t in targets if not (ROOT / doc).parent.joinpath(t).exists()]
     assert not missing, missing
+
+
+# Words that narrate how the work was organised rather than what fedapp is: numbered sittings, issue numbers,
+# the team, superseded figures. Users read README.md and docs/; git history keeps the rest.
+HISTORY = re.compile(r"\bsessions? \d+|\b(?:this|that|a later|an earlier|in) session\b|\bissues? #?\d+|"
+                     r"(?:^|[\s(])#\d{1,3}\b|\bthe team\b|\bsittings?\b|\bsuperseded\b|\bre-measured\b", re.I | re.M)
+
+
+def test_the_history_pattern_catches_what_it_should():
+    caught = ["measured in session 11", "issue 30's goal", "see #27", "the team allows", "a superseded figure"]
+    kept = ["a Ray session", "issue a warning", "colour #ff0000", "a teammate's laptop"]
+    assert all(HISTORY.search(text) for text in caught)
+    assert not any(HISTORY.search(text) for text in kept)
+
+
+@pytest.mark.parametrize("doc", ["README.md", *sorted(f"docs/{p.name}" for p in (ROOT / "docs").glob("*.md"))])
+def test_user_docs_tell_no_history(doc):
+    text = (ROOT / doc).read_text()
+    found = [(text.count("\n", 0, m.start()) + 1, m.group(0).strip()) for m in HISTORY.finditer(text)]
+    assert not found, found
+
+
+def test_the_readme_stays_short():
+    assert len(README.splitlines()) <= 300

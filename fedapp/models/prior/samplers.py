@@ -47,7 +47,7 @@ from __future__ import annotations
 
 import torch
 
-DEFAULT_GUIDANCE = 3.0  # gamma1: the best of 1..5 for the tiny digit-styles prior (docs/tiny_prior.md); SD uses ~7.5
+DEFAULT_GUIDANCE = 3.0  # gamma1: the best of 1..5 for the tiny digit-styles prior (docs/priors.md); SD uses ~7.5
 DEFAULT_GAMMA2 = 0.0  # gamma2 of the inversion step (Z-sampling paper: unconditional inversion)
 DEFAULT_ZIGZAG_T = 800  # T_z (Espresso)
 SPACINGS = ("leading", "trailing")

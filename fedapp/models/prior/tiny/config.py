@@ -1,7 +1,7 @@
 """What a tiny prior is built from: architecture, schedule and training recipe, and the build's defaults.
 
 Every field enters the cache key (cache.py), so a field's name or default changes which folder a
-build lands in. docs/tiny_prior.md has the measurements behind the recipe's values.
+build lands in. docs/priors.md has the measurements behind the recipe's values.
 """
 
 from __future__ import annotations
@@ -62,7 +62,7 @@ class TinyVaeConfig:
     halving the side (3 blocks: 32 px -> 8x8), `latent_channels` = 4 as SD's; trained on MSE + kl_weight * KL
     (mean per element; SD adds LPIPS and a GAN, which a 32 px digit does not need)."""
     # (16, 32, 32) at batch 32: 0.2 s a step on one busy core, test MSE 0.0033 after 800 steps on mnist-5k's
-    # 750 public digits; (32, 64, 64) at batch 64 cost 6.5x a step (docs/tiny_prior.md, tiny-sd)
+    # 750 public digits; (32, 64, 64) at batch 64 cost 6.5x a step (docs/priors.md, tiny-sd)
     block_out_channels: tuple[int, ...] = (16, 32, 32)
     latent_channels: int = 4
     layers_per_block: int = 1
