@@ -111,3 +111,32 @@ def test_user_docs_tell_no_history(doc):
 
 def test_the_readme_stays_short():
     assert len(README.splitlines()) <= 300
+
+
+def _equation_rows(page: str) -> list[str]:
+    text = (ROOT / "docs" / page).read_text()
+    section = text[text.index("\n## Equations → code\n"):]
+    section = section[: section.find("\n## ", 1)]
+    return [line for line in section.splitlines() if line.startswith("|") and "`" in line]
+
+
+@pytest.mark.parametrize("page", ["espresso.md", "feddifrc.md", "pfdm.md", "dcfm.md"])
+def test_each_equation_names_code_that_exists(page):
+    """A method page's equations → code table names files that exist and, after each file, functions, classes or
+    names defined in it."""
+    rows = _equation_rows(page)
+    assert len(rows) >= 5, page
+    missing = []
+    for row in rows:
+        path = None
+        for token in re.findall(r"`([^`]+)`", row.split("|")[-2]):
+            if re.fullmatch(r"[\w/]+\.py", token):
+                path = ROOT / token
+                if not path.exists():
+                    missing.append(token)
+                    path = None
+            elif path is not None and re.fullmatch(r"[A-Za-z_]\w*(\.[A-Za-z_]\w*)?", token):
+                name = token.split(".")[-1]
+                if not re.search(rf"^\s*(?:async def|def|class)\s+{name}\b|^\s*{name}\s*[:=]", path.read_text(), re.M):
+                    missing.append(f"{path.relative_to(ROOT)}:{token}")
+    assert not missing, missing
