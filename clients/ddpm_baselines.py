@@ -23,7 +23,8 @@ from fedapp.protocols import pfdm as P
 def train_local_ddpm(x, y, o, image_size: int, num_classes: int, seed: int, device: str = "cpu"):
     torch.manual_seed(seed)
     model = build_ddpm(image_size, num_classes, flag=False, channels=o.channels)
-    loss = train_ddpm(model, x, y, steps=o.local_steps, batch=o.batch, lr=o.lr, seed=seed, device=device)
+    loss = train_ddpm(model, x, y, steps=o.local_steps, batch=o.batch, lr=o.lr, seed=seed, device=device,
+                      ema=o.ema, p_uncond=o.p_uncond)
     return model.cpu(), loss
 
 
@@ -52,7 +53,8 @@ def handle_fedavg_train(msg: Message, ctx: ClientContext) -> RecordDict:
     o, shard = ctx.cfg.options, ctx.shard
     rnd, model = global_ddpm(msg, ctx)
     loss = train_ddpm(model, shard.train.x, shard.train.y, steps=steps_per_round(o, ctx.cfg.num_server_rounds),
-                      batch=o.batch, lr=o.lr, seed=ctx.seed_for(rnd), device=ctx.device)
+                      batch=o.batch, lr=o.lr, seed=ctx.seed_for(rnd), device=ctx.device, ema=o.ema,
+                      p_uncond=o.p_uncond)
     return train_reply(model, len(shard.train), {P.TRAIN_LOSS_METRIC: loss})
 
 

@@ -49,6 +49,7 @@ def train_private_denoiser(x: torch.Tensor, y: torch.Tensor, o, image_size: int,
     model = build_ddpm(image_size, num_classes, flag=True, channels=o.channels)
     xs, ys, flags = private_training_set(x, y, o.clip)
     train_ddpm(model, xs, ys, flags, steps=o.local_steps, batch=o.batch, lr=o.lr, seed=seed,
+               ema=o.ema, p_uncond=o.p_uncond,
                t_range=private_levels(levels or o.private_levels, t0, model.T), device=device)
     return model.cpu()
 

@@ -133,7 +133,8 @@ class CentralizedDDPMStrategy(PhasedStrategy):
         with run.phase("centralized-ddpm"):
             torch.manual_seed(cfg.seed)
             model = build_ddpm(cfg.image_size, ev.num_classes, flag=False, channels=o.channels)
-            train_ddpm(model, x, y, steps=o.shared_steps, batch=o.batch, lr=o.lr, seed=cfg.seed, device=run.device)
+            train_ddpm(model, x, y, steps=o.shared_steps, batch=o.batch, lr=o.lr, seed=cfg.seed, device=run.device,
+                       ema=o.ema, p_uncond=o.p_uncond)
         metrics = score_released_model(run, ev, model.cpu().eval(), len(nodes), "centralized_ddpm")
         metrics.update({"oracle": True, "num_train": len(x)})
         run.out.log_metrics({"phase": "final", **metrics})

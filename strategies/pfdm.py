@@ -82,7 +82,8 @@ class PFDMStrategy(PhasedStrategy):
         shared = build_ddpm(cfg.image_size, num_classes, flag=False, channels=o.channels)
         t_range, source_t = shared_objective(o.shared, self.t0, shared.T)
         loss = train_ddpm(shared, x, y, steps=o.shared_steps, batch=o.batch, lr=o.lr, seed=cfg.seed,
-                          t_range=t_range, source_t=source_t, device=self.run.device)
+                          t_range=t_range, source_t=source_t, device=self.run.device, ema=o.ema,
+                          p_uncond=o.p_uncond)
         self.run.out.log_metrics({"phase": "shared", "loss": loss, "num_uploads": len(x)})
         return shared.cpu()
 

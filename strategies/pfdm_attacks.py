@@ -76,7 +76,7 @@ def reconstruction(run: ServerRun, t0: int, ev: GenerationEval, uploads: dict, s
     attacker = build_ddpm(cfg.image_size, ev.num_classes, flag=False, channels=o.channels)
     pub = ev.server.public
     train_ddpm(attacker, clip_norm(pub.x, o.clip), pub.y, steps=o.shared_steps, batch=o.batch, lr=o.lr,
-               seed=cfg.seed + 9, t_range=(0, t0), device=run.device)
+               seed=cfg.seed + 9, t_range=(0, t0), device=run.device, ema=o.ema, p_uncond=o.p_uncond)
     attacker = attacker.cpu()
     g = torch.Generator().manual_seed(cfg.seed + 10)
     idx = torch.randperm(len(truth), generator=g)[:n]

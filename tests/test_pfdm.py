@@ -473,3 +473,39 @@ def test_dpsgd_accounting_finds_its_best_order_inside_the_range_it_searches(epsi
     sigma = dpsgd_noise_multiplier(epsilon, 1e-5, q, steps)
     assert 0.9 * epsilon < dpsgd_epsilon(sigma, q, steps, 1e-5) <= epsilon * (1 + 1e-3)
     assert min(rdp_orders()) < 1.1 and max(rdp_orders()) > 63
+
+
+@pytest.mark.parametrize("method, trainers", [
+    ("pfdm", {"clients.pfdm", "strategies.pfdm", "strategies.pfdm_attacks"}),
+    ("centralized-ddpm", {"strategies.ddpm_baselines"}),
+    ("local-only", {"clients.ddpm_baselines"}),
+    ("fedavg-ddpm", {"clients.ddpm_baselines"}),
+])
+def test_ema_and_label_dropout_reach_every_denoiser_of_a_run(tmp_path, monkeypatch, method, trainers):
+    """pfdm.ema and pfdm.p-uncond (the budget sweep's recipe, experiments/pfdm_budget.py) reach every
+    train_ddpm call of the table's rows: private denoisers and their references, z_w, the attacker, the baselines."""
+    import importlib
+
+    from fedapp.models import ddpm
+    from fedapp.simulation import simulate_in_process
+
+    calls = []
+    for name in ("clients.pfdm", "clients.ddpm_baselines", "strategies.pfdm", "strategies.ddpm_baselines",
+                 "strategies.pfdm_attacks"):
+        def recording(*args, _module=name, **kwargs):
+            calls.append((_module, kwargs.get("ema", 0.0), kwargs.get("p_uncond", 0.0)))
+            return ddpm.train_ddpm(*args, **kwargs)
+        monkeypatch.setattr(importlib.import_module(name), "train_ddpm", recording)
+    s = simulate_in_process({**TINY, "method": method, "pfdm.ema": 0.5, "pfdm.p-uncond": 0.25,
+                             "out-dir": str(tmp_path), "run-name": method}, 2)
+    assert s["status"] == "completed"
+    assert {m for m, _, _ in calls} == trainers
+    assert calls and all((ema, p) == (0.5, 0.25) for _, ema, p in calls), calls
+
+
+def test_ema_must_be_below_one():
+    from fedapp.config import ConfigError, parse_run_config
+
+    assert parse_run_config({"method": "pfdm"}).options.ema == 0.0  # default: the tables before it, unchanged
+    with pytest.raises(ConfigError, match="pfdm.ema=1.0: must be < 1"):
+        parse_run_config({"method": "pfdm", "pfdm.ema": 1.0})

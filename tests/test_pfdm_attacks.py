@@ -20,7 +20,7 @@ def _fakes(seed: int = 0):
     truth = Split(torch.rand(N, 3, SIZE, SIZE, generator=g) * 2 - 1, torch.arange(N) % CLASSES)
     public = Split(torch.rand(16, 3, SIZE, SIZE, generator=g) * 2 - 1, torch.arange(16) % CLASSES)
     opts = SimpleNamespace(attack_samples=N, clip=100.0, channels="8,16", shared_steps=2, batch=8, lr=1e-3,
-                           sample_steps=1)
+                           sample_steps=1, ema=0.0, p_uncond=0.0)
     run = SimpleNamespace(cfg=SimpleNamespace(options=opts, image_size=SIZE, seed=seed), device="cpu")
     saved = []
     ev = SimpleNamespace(server=SimpleNamespace(public=public), num_classes=CLASSES,

@@ -93,7 +93,7 @@ class PFDMOptions:
     handover: str = opt("auto", choices=HANDOVERS,
                         help="how z_w's leg T -> t0 is sampled: auto = what passes the hand-over check "
                              "(docs/pfdm.md): bounded for pfdm.shared = relative, ancestral for algorithm2; "
-                             "ddim = deterministic DDIM on the raw eps (the tables before issue 27); bounded = its "
+                             "ddim = deterministic DDIM on the raw eps; bounded = its "
                              "x0 estimate projected onto the data's known range (relative: the clipping ball "
                              "|x0| <= C; algorithm2: the range of an upload's norm) and eps re-derived from it; "
                              "ancestral = bounded, sampled ancestrally through every level (one UNet call per "
@@ -102,8 +102,15 @@ class PFDMOptions:
                                               "that spends pfdm.epsilon over all rounds (Opacus' RDP accountant)")
     dp_clip: float = opt(1.0, low=0.0, low_open=True, help="dpdm: per-sample gradient clipping norm of DP-SGD")
     shared_steps: int = opt(300, low=1, help="steps of the server's shared denoiser (centralized-ddpm: its model)")
-    batch: int = opt(64, low=1)
+    batch: int = opt(64, low=1, help="minibatch of every denoiser's training (dpdm: the expected Poisson batch)")
     lr: float = opt(2e-3, low=0.0, low_open=True, help="Adam learning rate of every denoiser")
+    ema: float = opt(0.0, low=0.0, help="EMA decay of every denoiser's weights (fedapp.models.ddpm.train_ddpm; "
+                                        "e.g. 0.999, the budget sweep's recipe); 0: none, the last step's weights; "
+                                        "fedavg-ddpm: per round's local steps; "
+                                        "dpdm (DP-SGD): not applied")
+    p_uncond: float = opt(0.0, low=0.0, high=1.0, help="label dropout of every denoiser (train_ddpm's p_uncond: "
+                                                       "labels replaced by the null class at this rate); 0: none. "
+                                                       "dpdm (DP-SGD): not applied")
     channels: str = opt("16,32", help="UNet2DModel block widths, comma separated")
     samples: int = opt(200, low=10, help="generated samples per client (balanced over classes) for the distances")
     sample_steps: int = opt(50, low=2, help="DDIM steps T -> 0 (split at t0 in proportion for pfdm)")
@@ -115,6 +122,8 @@ class PFDMOptions:
         if not all(p.isdigit() and int(p) > 0 for p in parts):
             raise ConfigError(f"pfdm.channels={self.channels!r}: must be comma-separated positive integers "
                               "such as '16,32'")
+        if not self.ema < 1.0:
+            raise ConfigError(f"pfdm.ema={self.ema!r}: must be < 1 (1 would keep the initial weights)")
 
 
 def validate_upload(content: RecordDict, shape: tuple, num_classes: int, max_bytes: float | None) -> str | None:
