@@ -198,6 +198,42 @@ def generative_verdict(oracle_sample_accuracy: float | None) -> dict[str, Any]:
                       f"({'>=' if converged else '<'} {100 * GENERATIVE_THRESHOLD:g}%)"}
 
 
+PLATEAU_WINDOW = 4000  # steps: the last stretch of a budget curve a plateau is read over
+PLATEAU_MOVE = 0.01  # the oracle's class reading moves less than 1 point over it (max - min) ...
+PLATEAU_LOSS = 0.05  # ... and its training loss changes by less than 5 %
+
+
+def plateau(points: list[dict[str, Any]], window: int = PLATEAU_WINDOW) -> dict[str, Any]:
+    """A budget curve's plateau (points: {"steps", "sample_accuracy", "loss"} by steps): over its last `window`
+    steps the oracle's class reading moves < 1 point and its loss is flat. A plateau is a converged budget even
+    where the reading stays under GENERATIVE_THRESHOLD: more steps of the same recipe buy nothing."""
+    if not points:
+        return {"plateau": False, "reason": "no budget curve"}
+    last = points[-1]["steps"]
+    tail = [p for p in points if p["steps"] >= last - window]
+    if len(tail) < 3 or tail[0]["steps"] != last - window:
+        return {"plateau": False, "reason": f"the curve has no 3 checkpoints spanning its last {window} steps"}
+    readings = [float(p["sample_accuracy"]) for p in tail]
+    move = max(readings) - min(readings)
+    loss_change = abs(tail[-1]["loss"] - tail[0]["loss"]) / tail[0]["loss"]
+    ok = move < PLATEAU_MOVE and loss_change < PLATEAU_LOSS
+    needed = f"no plateau: < {100 * PLATEAU_MOVE:g} points and < {100 * PLATEAU_LOSS:g} % needed"
+    return {"plateau": ok, "from_steps": tail[0]["steps"], "to_steps": last, "level": statistics.fmean(readings),
+            "move": move, "loss_change": loss_change,
+            "reason": f"class reading moves {100 * move:.1f} points and loss {100 * loss_change:.1f} % over steps "
+                      f"{tail[0]['steps']}-{last} ({'plateau' if ok else needed})"}
+
+
+def budget_verdict(points: list[dict[str, Any]]) -> dict[str, Any]:
+    """A budget curve's verdict: converged at its last checkpoint when the oracle reads >= 90 % there, or when the
+    curve has reached its plateau."""
+    v = generative_verdict(points[-1]["sample_accuracy"] if points else None)
+    if v["converged"] or not points:
+        return v
+    p = plateau(points)
+    return {**v, "converged": p["plateau"], "plateau": p, "reason": f"{v['reason']}; {p['reason']}"}
+
+
 def all_converged(verdicts: list[dict[str, Any]]) -> dict[str, Any]:
     """A cell of several seeds: converged only if every seed's verdict is (none: not converged); the
     reason is the first failing seed's."""

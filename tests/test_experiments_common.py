@@ -805,3 +805,42 @@ def test_leaderboard_runs_each_cell_once_and_a_second_call_only_reads_them(tmp_p
     alone = leaderboard.summarise({"Centralised": {"0": oracle}})
     leaderboard.plot(alone, leaderboard.fronts(alone), tmp_path / "oracle.png", "oracle only")
     assert (tmp_path / "oracle.png").stat().st_size > 0
+
+
+def _curve(readings, losses, step=2000):
+    return [{"steps": step * (i + 1), "sample_accuracy": a, "loss": loss}
+            for i, (a, loss) in enumerate(zip(readings, losses))]
+
+
+def test_a_plateau_is_a_flat_reading_and_loss_over_the_last_4000_steps():
+    from experiments.common import budget_verdict, plateau
+
+    # the 16 px oracle's recipe as measured: 88.75 / 89.5 / 89.0 % at 12k / 14k / 16k, loss 0.01398 -> 0.01387
+    flat = _curve([0.26, 0.65, 0.805, 0.865, 0.8675, 0.8875, 0.895, 0.89],
+                  [0.0206, 0.0183, 0.0159, 0.0154, 0.0145, 0.01398, 0.0136, 0.01387])
+    p = plateau(flat)
+    assert p["plateau"] and p["from_steps"] == 12000 and p["to_steps"] == 16000
+    assert abs(p["move"] - 0.0075) < 1e-9 and abs(p["level"] - (0.8875 + 0.895 + 0.89) / 3) < 1e-9
+    v = budget_verdict(flat)
+    assert v["converged"] and "89.0% (< 90%)" in v["reason"] and "(plateau)" in v["reason"]
+    rising = _curve([0.5, 0.6, 0.7, 0.86, 0.875, 0.888], [0.02, 0.018, 0.017, 0.016, 0.015, 0.0149])
+    assert not plateau(rising)["plateau"] and not budget_verdict(rising)["converged"]  # 2.8 points in 4,000 steps
+    loss_falls = _curve([0.88, 0.885, 0.884], [0.02, 0.018, 0.016])
+    assert not plateau(loss_falls)["plateau"]  # reading flat, loss still 20 % down
+    assert not plateau(_curve([0.88, 0.885], [0.014, 0.014]))["plateau"]  # 2,000 steps: too short to tell
+    assert budget_verdict(_curve([0.2, 0.95], [0.02, 0.01]))["converged"]  # >= 90 % needs no plateau
+
+
+def test_the_pfdm_table_counts_an_oracle_on_its_recipes_plateau():
+    from experiments.common import plateau
+    from experiments.pfdm import table_verdict
+
+    plateaus = [plateau(_curve([0.8, 0.8875, 0.895, 0.89], [0.015, 0.01398, 0.0136, 0.01387], step=2000))]
+    assert plateaus[0]["plateau"] and plateaus[0]["from_steps"] == 4000
+    on = {"sample_accuracy": 0.885, "steps": 16000}
+    assert not table_verdict([on])["converged"]  # without the curve: the 90 % mark
+    assert table_verdict([on], plateaus)["converged"]
+    assert not table_verdict([{"sample_accuracy": 0.85, "steps": 16000}], plateaus)["converged"]  # below it
+    assert not table_verdict([{"sample_accuracy": 0.885, "steps": 2000}], plateaus)["converged"]  # short of it
+    v = table_verdict([on, {"sample_accuracy": 0.91, "steps": 16000}], plateaus)
+    assert v["converged"] and v["converged_seeds"] == 2
