@@ -14,7 +14,7 @@ from flwr.clientapp import ClientApp
 from fedapp import registry
 from fedapp.client_context import ClientContext
 from fedapp.config import RunConfig, parse_run_config
-from fedapp.progress import client_scope, setup_logging
+from fedapp.progress import client_scope, flush_lines, setup_logging
 from fedapp.protocols import (CLIENT_KEY, DOMAIN_KEY, FLOWER_CONFIG_KEYS, NUM_PARTITIONS_KEY, PARTITION_KEY, RUN_KEY,
                               SECONDS_KEY)
 
@@ -50,8 +50,11 @@ class Dispatcher:
             raise ValueError(f"method {cfg.method!r} has no client handler for message type {mtype!r}")
         setup_logging()  # this process' progress lines reach Flower's log stream (fedapp.progress)
         t0 = time.perf_counter()
-        with client_scope(ctx.partition_id):
-            content = handlers[mtype](msg, ctx)
+        try:
+            with client_scope(ctx.partition_id):
+                content = handlers[mtype](msg, ctx)
+        finally:
+            flush_lines()  # the handler's lines are written before its reply (or its error) leaves
         who = {PARTITION_KEY: ctx.partition_id, NUM_PARTITIONS_KEY: ctx.num_partitions,
                SECONDS_KEY: time.perf_counter() - t0}
         if "shard" in ctx.__dict__ and isinstance(ctx.shard.meta.get("domain"), str):

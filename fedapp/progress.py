@@ -12,6 +12,8 @@ from __future__ import annotations
 import contextlib
 import contextvars
 import logging
+import os
+import sys
 import time
 from typing import Iterable, Iterator, TypeVar
 
@@ -22,8 +24,11 @@ T = TypeVar("T")
 # functions below the handlers need no extra argument to label their progress lines.
 _CLIENT: contextvars.ContextVar[int | None] = contextvars.ContextVar("fedapp_client", default=None)
 
-# At most one line per this share of the work or per this many seconds (whichever comes first),
-# plus the last one: ~10 lines for a phase, and a sign of life for a slow one.
+# A phase that ends within QUIET_SECONDS logs no progress line at all (the lines around it say it ran; four
+# clients' ten `noise GMMs k/10, 0 s` lines each told nobody anything). Past that, one line per this share of
+# the work or per this many seconds (whichever comes first), plus the last one: ~10 lines for a long phase,
+# and a sign of life for a slow one.
+QUIET_SECONDS = 5.0
 EVERY_FRACTION = 0.1
 EVERY_SECONDS = 10.0
 
@@ -37,6 +42,38 @@ def setup_logging() -> None:
         log.addHandler(h)
         log.setLevel(logging.INFO)
         log.propagate = False
+
+
+def flush_lines() -> None:
+    """Push out what this process has written but not yet flushed (fedapp's handlers, stdout, stderr). A
+    client calls it before its reply leaves: Ray forwards a worker's lines from what reached its log file,
+    and a line still buffered when the server ends the run reaches the log after the run's end."""
+    for handler in log.handlers:
+        handler.flush()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (AttributeError, OSError, ValueError):  # no stream, or a closed one: nothing to push
+            pass
+
+
+def no_ray_log_dedup() -> bool:
+    """Ray's driver prints each line of its actors as it comes, not deduplicated; True when that is so.
+
+    Ray merges lines that differ only in their numbers across its workers: `client 2: condition steps 40/100`
+    then hides `client 3: condition steps 40/100`, held back and printed later as `[repeated 3x across
+    cluster]`, the last of them only when Ray shuts down, after the run's end. The deduplication happens in
+    the driver (the process that runs the ServerApp under `flwr run`, or `simulate`'s), which reads
+    RAY_DEDUP_LOGS when it imports Ray; Flower imported it already, so the flag Ray's logging module holds
+    is switched off too. A RAY_DEDUP_LOGS the user set (e.g. RAY_DEDUP_LOGS=1 on a large cluster) wins."""
+    if os.environ.get("RAY_DEDUP_LOGS", "").lower() in ("1", "true"):  # what Ray reads as on
+        return False
+    os.environ["RAY_DEDUP_LOGS"] = "0"  # read by Ray at import
+    for name in ("ray._private.ray_constants", "ray._private.ray_logging"):  # imported: set where it is read
+        module = sys.modules.get(name)
+        if module is not None and hasattr(module, "RAY_DEDUP_LOGS"):
+            module.RAY_DEDUP_LOGS = False
+    return True
 
 
 @contextlib.contextmanager
@@ -60,8 +97,9 @@ def duration(seconds: float) -> str:
 
 class Progress:
     """`done` of `total` units of one phase, logged as `[client K: ]<what> i/total[ unit], S s[, ETA x]`
-    at most every EVERY_FRACTION of the work or EVERY_SECONDS, and at the end. The ETA assumes the
-    remaining units take as long as the done ones did on average."""
+    once the phase has run QUIET_SECONDS, then every EVERY_FRACTION of the work or EVERY_SECONDS, and at
+    the end; a phase done within QUIET_SECONDS logs nothing. The ETA assumes the remaining units take as
+    long as the done ones did on average."""
 
     def __init__(self, what: str, total: int, unit: str = "", eta: bool = False):
         client = _CLIENT.get()
@@ -74,8 +112,10 @@ class Progress:
     def advance(self, n: int = 1) -> None:
         self.done += n
         now = time.monotonic()
+        elapsed = now - self.t0
+        if elapsed < QUIET_SECONDS:  # a short phase: no line, not even the last
+            return
         if self.done >= self.total or self.done - self.last_done >= self.step or now - self.last_t >= EVERY_SECONDS:
-            elapsed = now - self.t0
             line = f"{self.prefix}{self.what} {self.done}/{self.total}{self.unit}, {elapsed:.0f} s"
             if self.eta and self.done < self.total:
                 line += f", ETA {duration(elapsed / self.done * (self.total - self.done))}"

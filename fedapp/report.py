@@ -25,6 +25,18 @@ def _table(rows: list[dict[str, Any]], keys: list[str]) -> list[str]:
     return out
 
 
+def phases_text(seconds: dict[str, float]) -> str:
+    """summary.json's phase_seconds in words, a nested phase inside its outer one's parentheses:
+    `prior 1.0 s, ship-prior 2.8 s (of which query.prior 2.8 s), train 61.0 s`."""
+    from fedapp.results import phase_tree
+
+    def words(nodes: list) -> str:
+        return ", ".join(f"{name}" + (f" {sec:.1f} s" if sec is not None else "")
+                         + (f" (of which {words(inner)})" if inner else "") for name, sec, inner in nodes)
+
+    return words(phase_tree(seconds))
+
+
 def render(run_dir: str | Path) -> str:
     """The page's Markdown text, from the files the run wrote (missing ones are said to be missing)."""
     root = Path(run_dir)
@@ -36,7 +48,7 @@ def render(run_dir: str | Path) -> str:
               f"- method `{summary.get('method')}`, dataset `{summary.get('dataset')}`, partitioner "
               f"`{summary.get('partitioner')}`, {summary.get('num_clients')} clients, seed {summary.get('seed')}",
               f"- wall time {summary.get('wall_seconds', '?')} s; phases: "
-              + ", ".join(f"{k} {v:.1f} s" for k, v in (summary.get("phase_seconds") or {}).items()), ""]
+              + phases_text(summary.get("phase_seconds") or {}), ""]
     metrics = summary.get("metrics") or {}
     scalars = {k: v for k, v in metrics.items() if isinstance(v, (int, float, str, bool)) or v is None}
     if scalars:

@@ -10,7 +10,9 @@ import os
 import tempfile
 from collections import defaultdict
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, Mapping
+
+PHASE_SEP = "/"  # summary.json's phase_seconds: a phase run inside another is `outer/inner`
 
 
 def _jsonable(obj: Any) -> Any:
@@ -99,6 +101,33 @@ class CommLedger:
                 "by_phase": {c: dict(p) for c, p in self.table.items()}}
 
 
+def phase_tree(seconds: Mapping[str, float]) -> list[tuple[str, float, list]]:
+    """summary.json's phase_seconds as a tree: [(name, seconds, [nested phases, alike])], in the order the
+    phases first appear. `outer/inner` (PHASE_SEP) is inner, run inside outer, whose seconds include its own;
+    so the top level's seconds sum to no more than the wall time. A nested key whose outer phase is missing
+    (a hand-edited summary) still hangs under it, with no seconds of its own (None)."""
+    root: list[tuple[str, float | None, list]] = []
+    nodes: dict[str, tuple[str, float | None, list]] = {}
+    for key in seconds:
+        parts = key.split(PHASE_SEP)
+        for i in range(1, len(parts) + 1):
+            path = PHASE_SEP.join(parts[:i])
+            if path not in nodes:
+                nodes[path] = (parts[i - 1], seconds.get(path), [])
+                (nodes[PHASE_SEP.join(parts[:i - 1])][2] if i > 1 else root).append(nodes[path])
+    return root  # type: ignore[return-value]
+
+
+def phase_rows(seconds: Mapping[str, float]) -> list[tuple[int, str, float | None]]:
+    """phase_tree flattened: (depth, name, seconds), each phase right above the ones nested in it."""
+    def walk(nodes: list, depth: int) -> Iterator[tuple[int, str, float | None]]:
+        for name, sec, inner in nodes:
+            yield depth, name, sec
+            yield from walk(inner, depth + 1)
+
+    return list(walk(phase_tree(seconds), 0))
+
+
 def scalars(row: dict[str, Any], prefix: str = "") -> Iterator[tuple[str, float]]:
     """(tag, value) of every number in a metrics row; a nested dict's as `outer/inner`, the grouping
     TensorBoard shows. Strings, booleans and NaN (written as null) are not scalars."""
@@ -182,8 +211,11 @@ class RunDir:
         atomic_write_bytes(p, buf.getvalue())
         return p
 
-    def plot_phases(self, seconds: dict[str, float], name: str = "phases.png") -> Path | None:
-        """Wall time per phase (summary.json's phase_seconds) as horizontal bars."""
+    def plot_phases(self, seconds: Mapping[str, float], name: str = "phases.png",
+                    wall: float | None = None) -> Path | None:
+        """Wall time per phase (summary.json's phase_seconds) as horizontal bars; a nested phase
+        (`outer/inner`) right below its outer one, indented and lighter (its time is part of the outer bar's),
+        and the run's wall time as a dashed line."""
         if not seconds:
             return None
         import matplotlib
@@ -191,10 +223,28 @@ class RunDir:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        fig, ax = plt.subplots(figsize=(5, 0.4 * len(seconds) + 1))
-        ax.barh(list(seconds), list(seconds.values()))
+        from matplotlib.colors import to_rgba
+
+        rows = phase_rows(seconds)
+        fig, ax = plt.subplots(figsize=(5, 0.4 * len(rows) + 1))
+        ax.barh(range(len(rows)), [sec or 0.0 for _, _, sec in rows],
+                color=[to_rgba("C0", 1.0 if depth == 0 else 0.45) for depth, _, _ in rows],
+                height=[0.8 if depth == 0 else 0.5 for depth, _, _ in rows])
+        ax.set_yticks(range(len(rows)), labels=["    " * depth + ("└ " if depth else "") + label
+                                                for depth, label, _ in rows])
+        if any(depth for depth, _, _ in rows):  # left-aligned labels, so that the indent shows
+            renderer = fig.canvas.get_renderer()
+            labels = ax.get_yticklabels()
+            width = max(t.get_window_extent(renderer).width for t in labels) * 72 / fig.dpi  # points
+            ax.tick_params(axis="y", pad=width + 4)
+            for t in labels:
+                t.set_horizontalalignment("left")
         ax.invert_yaxis()
-        ax.set_xlabel("seconds")
+        ax.set_xlabel("seconds" + (" (an indented phase ran inside the one above it)"
+                                   if any(depth for depth, _, _ in rows) else ""))
+        if wall:
+            ax.axvline(wall, color="k", linestyle="--", linewidth=1, label=f"wall time {wall:.1f} s")
+            ax.legend(loc="best", fontsize="small")
         p = self.save_figure(fig, name)
         plt.close(fig)
         return p
@@ -203,7 +253,11 @@ class RunDir:
                                 max_clients: int = 50) -> tuple[Path, Any]:
         """Images per class and client, with flwr-datasets' plot_label_distributions, of a flwr-datasets
         partitioner over a `label` column (fedapp.data.label_partitioner); returns the file and the counts
-        (a DataFrame: a row per client, a column per class). Past max_clients, the first ones are drawn."""
+        (a DataFrame: a row per client, a column per class). Past max_clients, the first ones are drawn.
+
+        Where the partitioner gives clients a domain (feddata's AssignedPartitioner.client_domains), each
+        client's bar is labelled with its domain under its id (the `domain` split: every client holds the
+        same classes, what differs is the domain), or the title names the one domain all clients share."""
         import matplotlib
 
         matplotlib.use("Agg")
@@ -212,10 +266,22 @@ class RunDir:
 
         n = partitioner.num_partitions
         shown = f"first {max_clients} of {n} clients" if n > max_clients else f"{n} clients"
-        fig, _, counts = plot_label_distributions(
+        domains = list(getattr(partitioner, "client_domains", None) or [None] * n)
+        fig, ax, counts = plot_label_distributions(
             partitioner, "label", max_num_partitions=max_clients, legend=True, legend_title="class",
             title=f"Images per class and client ({shown}; train + test)",
             figsize=(min(3 + 0.35 * min(n, max_clients), 16), 4))
+        drawn = [domains[int(pid)] for pid in counts.index]
+        if any(d is not None for d in drawn):
+            if len(set(drawn)) > 1:  # what tells the clients apart: their domains
+                few = len(drawn) <= 12
+                ax.set_xticks(range(len(drawn)), labels=[f"{pid}\n{d or '-'}" if few else f"{pid} {d or '-'}"
+                                                         for pid, d in zip(counts.index, drawn)],
+                              rotation=0 if few else 90)
+                ax.set_xlabel("client (its domain below its id)" if few else "client and its domain")
+                ax.set_title(f"Images per class, client and domain ({shown}; train + test)")
+            else:
+                ax.set_title(f"Images per class and client ({shown}, all of domain {drawn[0]}; train + test)")
         p = self.save_figure(fig, name)
         plt.close(fig)
         return p, counts

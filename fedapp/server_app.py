@@ -13,7 +13,7 @@ from flwr.serverapp import Grid, ServerApp
 from fedapp import registry
 from fedapp.config import ConfigError, RunConfig, check_data, parse_run_config
 from fedapp.preflight import preflight, sample_size_problem
-from fedapp.progress import setup_logging
+from fedapp.progress import no_ray_log_dedup, setup_logging
 from fedapp.results import RunDir
 from fedapp.server import MeteredGrid, ServerRun, wait_for_nodes
 from fedapp.server.checkpoint import load_checkpoint
@@ -99,7 +99,8 @@ def write_run_figures(out: RunDir, summary: Mapping[str, Any], cfg: RunConfig) -
     from fedapp.data import label_partitioner
     from fedapp.report import write_report
 
-    _draw("plots/phases.png", lambda: out.plot_phases(summary.get("phase_seconds") or {}))
+    _draw("plots/phases.png", lambda: out.plot_phases(summary.get("phase_seconds") or {},
+                                                      wall=summary.get("wall_seconds")))
     if summary.get("num_clients"):
         _draw("plots/label_distribution.png",
               lambda: out.plot_label_distribution(label_partitioner(cfg, summary["num_clients"])))
@@ -108,6 +109,7 @@ def write_run_figures(out: RunDir, summary: Mapping[str, Any], cfg: RunConfig) -
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    no_ray_log_dedup()  # `flwr run`: this process is Ray's driver; the clients' lines as they come, each
     try:
         run_server(grid, dict(context.run_config))
     except ConfigError as err:

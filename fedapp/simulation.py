@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from fedapp.config import all_defaults, normalize_keys, parse_run_config
+from fedapp.progress import no_ray_log_dedup
 
 log = logging.getLogger("fedapp")
 
@@ -67,6 +68,7 @@ def simulate(run_config: Mapping[str, Any], num_clients: int, backend: dict | No
     `fedapp.registry.register` travel with the ClientApp into Ray's actors.
     """
     backend, ray_tmp = _ray_backend(backend)
+    no_ray_log_dedup()  # this process is Ray's driver: the clients' lines as they come
     from flwr.serverapp import ServerApp
     from flwr.simulation import run_simulation
 

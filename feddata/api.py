@@ -117,10 +117,11 @@ def load_server_data(
 def label_partitioner(dataset: str, partitioner: str, params: dict, seed: int, num_partitions: int,
                       image_size: int | None = None, test_fraction: float = 0.2):
     """Every client's shard (train + test rows, as load_client_shard draws them) as a flwr-datasets
-    Partitioner over a `label` column, for flwr_datasets.metrics and flwr_datasets.visualization."""
+    Partitioner over a `label` column, for flwr_datasets.metrics and flwr_datasets.visualization; its
+    client_meta (client_domains) is what the partitioner decided about each client besides its rows."""
     from .assigned import AssignedPartitioner
 
     _, a, image_size = _resolve(dataset, partitioner, params, seed, num_partitions, image_size)
     b = load_base(dataset, image_size)
     rows = [np.concatenate(_shard_rows(a, b, seed, pid, test_fraction)) for pid in range(num_partitions)]
-    return AssignedPartitioner.of_labels(b.y, b.info.class_names, rows)
+    return AssignedPartitioner.of_labels(b.y, b.info.class_names, rows, client_meta=a.client_meta)

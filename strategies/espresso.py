@@ -209,13 +209,14 @@ class EspressoStrategy(OneShotStrategy):
         """How many images synthesis will make from the valid uploads."""
         return sum(sum(images_per_class(u[P.CLASS_COUNTS], self.opts.ratio).values()) for u in self.uploads.values())
 
-    def synthesize_all(self, prompt_cond: torch.Tensor,
-                       num_classes: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    def synthesize_all(self, prompt_cond: torch.Tensor, num_classes: int, class_names: list[str] | None = None
+                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
         """The union of D'_k over the valid uploads (images, labels, client of each image, UNet evals per
         image). Each client's labels, noise and conditions are planned from its own seed (plan_synthesis),
         then denoised together in batches of espresso.synth-batch across clients: at 1,000 clients of one
         or two images each, one sampler call per client cost more than its images. Saves a grid of the
-        synthetic images of each of the first GRID_CLIENTS clients."""
+        synthetic images of each of the first GRID_CLIENTS clients, a row per class (labelled with
+        class_names when given)."""
         plans = {pid: plan_synthesis(u, self.opts, prompt_cond, self.prior.latent_shape,
                                      derive_seed(self.run.cfg.seed, pid)) for pid, u in sorted(self.uploads.items())}
         y = torch.cat([labels for labels, _, _ in plans.values()])
@@ -226,7 +227,8 @@ class EspressoStrategy(OneShotStrategy):
         for pid in list(plans)[:GRID_CLIENTS]:
             mine = who == pid
             name = f"synthetic_client{pid}" + (f"_{self.domains[pid]}" if self.domains.get(pid) else "")
-            save_class_grid(x[mine], y[mine], num_classes, self.run.out.path("images", f"{name}.png"))
+            save_class_grid(x[mine], y[mine], num_classes, self.run.out.path("images", f"{name}.png"),
+                            class_names=class_names)
         return x, y, who, evals
 
     def save_synthetic(self, x: torch.Tensor, y: torch.Tensor, who: torch.Tensor) -> None:
@@ -250,7 +252,7 @@ class EspressoStrategy(OneShotStrategy):
 
         with run.phase("synthesis", f"{self.num_synthetic()} images for {len(self.uploads)} clients"):
             prompt_cond = self.prior.encode_prompts(class_prompts(cfg.dataset, server.info.class_names)).float().cpu()
-            x, y, who, evals = self.synthesize_all(prompt_cond, server.info.num_classes)
+            x, y, who, evals = self.synthesize_all(prompt_cond, server.info.num_classes, server.info.class_names)
             if self.opts.save_synthetic:
                 self.save_synthetic(x, y, who)
         with run.phase("classifier", f"{cfg.server_epochs} epochs on {len(x)} synthetic images"):

@@ -109,9 +109,11 @@ class GenerationEval:
         return out
 
     def save_grid(self, x: torch.Tensor, y: torch.Tensor, name: str, per_class: int = 8) -> str:
-        """PNG under images/: one row per class, as many columns as the rarest class fills (at most per_class)."""
+        """PNG under images/: one row per class, labelled with its name, as many columns as the rarest class
+        fills (at most per_class)."""
         path = self.run.out.path("images", name)
-        save_class_grid(x, y, self.num_classes, path, cols=per_class, trim=True)
+        save_class_grid(x, y, self.num_classes, path, cols=per_class, trim=True,
+                        class_names=list(self.server.info.class_names))
         return str(path)
 
     def save_rows(self, x: torch.Tensor, rows: int, name: str) -> str:

@@ -314,6 +314,7 @@ def test_expert_training_reports_its_progress_for_its_client(fedapp_log, monkeyp
     from fedapp import progress
 
     monkeypatch.setattr(progress, "EVERY_SECONDS", float("inf"))  # the count rule only: a loaded machine adds none
+    monkeypatch.setattr(progress, "QUIET_SECONDS", 0.0)  # test-sized loops are no long phases
     torch.manual_seed(0)
     own, peer = (VectorVelocityNet(dim=2, attribute_sizes=[2, 2], hidden=8) for _ in range(2))
     x, y = torch.randn(16, 2), torch.randint(0, 2, (16, 2))

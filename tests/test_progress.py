@@ -1,6 +1,8 @@
 """Progress lines of long client phases (fedapp.progress): rate, counts and the client's label."""
 
+import os
 import re
+import sys
 
 import pytest
 
@@ -14,7 +16,30 @@ def _counts(caplog, what):
     return [tuple(int(g) for g in m.groups()) for m in lines if m]
 
 
-def test_a_fast_phase_logs_every_tenth_and_the_last_labelled_with_its_client(fedapp_log, monkeypatch):
+def test_a_fast_phase_logs_no_progress_line(fedapp_log, monkeypatch):
+    """Four clients' `noise GMMs k/10, 0 s` x 10 each said nothing: a phase done within QUIET_SECONDS is silent,
+    its last line included."""
+    clock = iter([100.0, *(100.0 + 0.4 * i for i in range(1, 11))])  # 10 units of 0.4 s: 4 s in all
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    with client_scope(1):
+        assert list(track(range(10), "noise GMMs")) == list(range(10))
+    assert progress.QUIET_SECONDS > 4 and fedapp_log.records == []
+    monkeypatch.undo()
+    list(track(range(3), "steps"))  # real time, a few microseconds
+    assert fedapp_log.records == []
+
+
+def test_a_phase_past_the_quiet_seconds_logs_from_then_on_and_its_end(fedapp_log, monkeypatch):
+    clock = iter([0.0, *(1.0 * i for i in range(1, 21))])  # 20 units of 1 s
+    monkeypatch.setattr(progress.time, "monotonic", lambda: next(clock))
+    list(track(range(20), "condition steps"))
+    counts = _counts(fedapp_log, "condition steps")
+    assert counts[0][2] >= progress.QUIET_SECONDS  # nothing before the quiet seconds
+    assert counts == [(d, 20, d) for d in (5, 7, 9, 11, 13, 15, 17, 19, 20)]  # then every tenth, and the end
+
+
+def test_the_count_rule_logs_every_tenth_and_the_last_labelled_with_its_client(fedapp_log, monkeypatch):
+    monkeypatch.setattr(progress, "QUIET_SECONDS", 0.0)
     monkeypatch.setattr(progress.time, "monotonic", lambda: 100.0)  # no time passes: only the 10% rule
     with client_scope(2):
         assert list(track(range(25), "condition steps")) == list(range(25))
@@ -36,9 +61,83 @@ def test_a_slow_phase_logs_at_least_every_ten_seconds(fedapp_log, monkeypatch):
 
 
 @pytest.mark.parametrize("n", [0, 1])
-def test_tiny_phases_log_their_end(fedapp_log, n):
+def test_tiny_phases_log_their_end_without_the_quiet_seconds(fedapp_log, monkeypatch, n):
+    monkeypatch.setattr(progress, "QUIET_SECONDS", 0.0)
     list(track(range(n), "steps"))
     assert [(d, t) for d, t, _ in _counts(fedapp_log, "steps")] == [(n, n)] * n
+
+
+# ---- the clients' lines under Ray: as they come, before the reply --------------------------------------------
+def _ray_batch(pid: int, line: str) -> dict:
+    return {"ip": "127.0.0.1", "pid": pid, "is_err": True, "job": "01", "lines": [line]}
+
+
+def test_the_driver_prints_each_clients_line_not_a_later_repeated_count(monkeypatch):
+    """Ray merges lines that differ only in numbers across workers and prints `[repeated Nx across cluster]`
+    later, the rest when Ray shuts down, after the run's end. The ServerApp (Ray's driver under `flwr run`)
+    turns that off: each client's line is printed when it arrives."""
+    from ray._private import ray_constants, ray_logging
+
+    from fedapp.progress import no_ray_log_dedup
+
+    monkeypatch.delenv("RAY_DEDUP_LOGS", raising=False)
+    monkeypatch.setattr(ray_logging, "RAY_DEDUP_LOGS", True)  # Ray's default (and restored after the test)
+    monkeypatch.setattr(ray_constants, "RAY_DEDUP_LOGS", True)
+    dedup = ray_logging.LogDeduplicator(5, None, None, _timesource=lambda: 0.0)
+    assert dedup.deduplicate(_ray_batch(1, "client 1: condition steps 40/100, 12 s"))[0]["lines"] != []
+    assert dedup.deduplicate(_ray_batch(2, "client 2: condition steps 40/100, 12 s"))[0]["lines"] == []  # held
+    assert no_ray_log_dedup() and os.environ["RAY_DEDUP_LOGS"] == "0" and ray_logging.RAY_DEDUP_LOGS is False
+    out = dedup.deduplicate(_ray_batch(3, "client 3: condition steps 40/100, 12 s"))
+    assert [line for b in out for line in b["lines"]] == ["client 3: condition steps 40/100, 12 s"]
+
+
+@pytest.mark.parametrize("value", ["1", "true"])
+def test_a_ray_dedup_the_user_asked_for_is_kept(monkeypatch, value):
+    from ray._private import ray_logging
+
+    from fedapp.progress import no_ray_log_dedup
+
+    monkeypatch.setenv("RAY_DEDUP_LOGS", value)
+    monkeypatch.setattr(ray_logging, "RAY_DEDUP_LOGS", True)
+    assert not no_ray_log_dedup() and ray_logging.RAY_DEDUP_LOGS is True and os.environ["RAY_DEDUP_LOGS"] == value
+
+
+@pytest.mark.usefixtures("inside_a_run")
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_client_flushes_its_lines_before_its_reply_leaves(monkeypatch, fails):
+    """A line still in a buffer when the reply leaves reached Flower's log after the run's end."""
+    import clients.espresso
+    from flwr.app import ConfigRecord, Message, RecordDict
+
+    from fedapp.config import all_defaults
+    from fedapp.protocols import RUN_KEY
+    from fedapp.simulation import InProcessGrid
+
+    events = []
+
+    class Buffered:  # a stdout that keeps what it is given until flushed
+        def write(self, text):
+            events.append(("write", text))
+            return len(text)
+
+        def flush(self):
+            events.append(("flush",))
+
+    def handler(msg, ctx):
+        print("client work", end="")
+        if fails:
+            raise ValueError("the handler failed")
+        return RecordDict()
+
+    monkeypatch.setitem(clients.espresso.HANDLERS, "query.prior", handler)
+    grid = InProcessGrid(1)
+    msg = Message(RecordDict({RUN_KEY: ConfigRecord({**all_defaults(), "method": "espresso"})}),
+                  dst_node_id=grid.get_node_ids()[0], message_type="query.prior")
+    monkeypatch.setattr(sys, "stdout", Buffered())
+    (reply,) = grid.send_and_receive([msg])
+    monkeypatch.undo()
+    assert reply.has_error() == fails
+    assert events.index(("write", "client work")) < len(events) - 1 and events[-1] == ("flush",)
 
 
 # ---- the server's lines: ETA, rounds, phases ------------------------------------------------------------
@@ -83,9 +182,11 @@ def test_a_fedavg_simulation_logs_each_round_with_its_sample_and_eta(fedapp_log,
 
 
 @pytest.mark.usefixtures("inside_a_run", "one_torch_thread")
-def test_espresso_logs_its_phases_synthesis_and_server_epochs(fedapp_log, tmp_path):
+def test_espresso_logs_its_phases_synthesis_and_server_epochs(fedapp_log, tmp_path, monkeypatch):
     from fedapp.models.prior.tiny import TEST_CONFIG, random_tiny_prior
     from fedapp.simulation import simulate_in_process
+
+    monkeypatch.setattr(progress, "QUIET_SECONDS", 0.0)  # a test-sized run's phases are all short
 
     prior = random_tiny_prior(TEST_CONFIG, dataset="digit-styles", seed=0).save_pretrained(tmp_path / "prior")
     s = simulate_in_process({"method": "espresso", "dataset": "digit-styles", "partitioner.name": "domain",

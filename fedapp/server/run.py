@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from fedapp.config import RunConfig
-from fedapp.results import CommLedger, RunDir
+from fedapp.results import PHASE_SEP, CommLedger, RunDir
 
 log = logging.getLogger("fedapp")
 
@@ -25,10 +25,11 @@ class ServerRun:
     failures: list[dict[str, Any]] = field(default_factory=list)
     node_partition: dict[int, int] = field(default_factory=dict)  # accepted claims (fedapp.server.grid)
     num_partitions: int | None = None  # nodes connected at the start: partition ids are 0 .. this - 1
-    phase_seconds: dict[str, float] = field(default_factory=dict)
+    phase_seconds: dict[str, float] = field(default_factory=dict)  # a nested phase as `outer/inner` (PHASE_SEP)
     device: str = "cpu"
     resume_from: Any = None  # a fedapp.server.checkpoint.Checkpoint when the run continues an earlier one
     started: float = field(default_factory=time.time)
+    _open_phases: list[str] = field(default_factory=list, repr=False)  # the phases running now, outermost first
 
     def earlier(self) -> dict[str, Any]:
         """What the stopped run this one continues had spent (its checkpoint's progress); {} for a new run."""
@@ -58,14 +59,22 @@ class ServerRun:
     def phase(self, name: str, what: str = "", quiet: bool = False) -> Iterator[None]:
         """One server phase: a start line (`synthesis: 5000 images for 4 clients`), an end line
         (`synthesis done in 40.2 s`) and its wall time in summary.json's phase_seconds, summed over
-        repeats (a message type recurs every round). quiet: the time only (the grid logs its own line)."""
+        repeats (a message type recurs every round). quiet: the time only (the grid logs its own line).
+
+        A phase run inside another is kept as `outer/inner` (Espresso's `ship-prior/query.prior`: the
+        messages of the ship-prior phase), its time a part of the outer one's: the top-level phases'
+        seconds add up to no more than the wall time (fedapp.results.phase_tree)."""
         if not quiet:
             log.info("%s: %s", name, what or "start")
+        key = PHASE_SEP.join([*self._open_phases, name])
+        self.phase_seconds.setdefault(key, 0.0)  # in start order: an outer phase before those inside it
+        self._open_phases.append(name)
         t0 = time.time()
         try:
             yield
         finally:
-            self.phase_seconds[name] = self.phase_seconds.get(name, 0.0) + time.time() - t0
+            self._open_phases.pop()
+            self.phase_seconds[key] += time.time() - t0
             if not quiet:
                 log.info("%s done in %.1f s", name, time.time() - t0)
 
