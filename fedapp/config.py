@@ -11,9 +11,11 @@ A run keeps, and sends its clients, the common keys, the app's namespaces and it
 
 from __future__ import annotations
 
+import re
 import sys
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Mapping
 
 from fedapp.options import (AUTO, PARTITIONER_KEY, ConfigError, build_options, check_value,  # noqa: F401 (re-exported)
@@ -114,13 +116,13 @@ class RunConfig:
     @property
     def resolved_run_name(self) -> str:
         if self.common.resume:  # a resumed run writes into its own folder
-            from pathlib import Path
-
             return Path(self.common.resume).name
         if self.common.run_name:
             return self.common.run_name
         stamp = time.strftime("%Y%m%d-%H%M%S")
-        return f"{self.method}-{self.dataset}-{self.partitioner}-s{self.seed}-{stamp}"
+        # a hub id or a folder path names its dataset by its last part: the run folder stays one plain name
+        dataset = re.sub(r"[^\w.-]+", "_", Path(self.dataset.rstrip("/")).name) or "dataset"
+        return f"{self.method}-{dataset}-{self.partitioner}-s{self.seed}-{stamp}"
 
     def flat(self) -> dict[str, Any]:
         """Resolved flat config: what config.json records and messages carry (no other method's keys)."""
@@ -299,8 +301,6 @@ def toml_block() -> str:
 
 def write_pyproject(path: str = "pyproject.toml") -> None:
     """Replace the `[tool.flwr.app.config]` block (the file's last table) with `toml_block()`."""
-    from pathlib import Path
-
     p = Path(path)
     text = p.read_text()
     head = text[: text.index("[tool.flwr.app.config]")]

@@ -163,3 +163,14 @@ def test_fedapp_opts_into_rays_future_accelerator_behaviour():
     import fedapp  # noqa: F401
 
     assert os.environ["RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO"] == "0"
+
+
+@pytest.mark.parametrize("dataset, shown", [("mnist-5k", "mnist-5k"), ("flwrlabs/pacs", "pacs"),
+                                            ("/home/me/data/domainnet/", "domainnet"), ("~/data/nico++", "nico_")])
+def test_the_default_run_name_is_one_plain_folder_name_whatever_the_dataset(dataset, shown):
+    import re
+
+    from fedapp.config import parse_run_config
+
+    name = parse_run_config({"method": "fedavg", "dataset": dataset}).resolved_run_name
+    assert re.fullmatch(rf"fedavg-{re.escape(shown)}-domain-s0-\d{{8}}-\d{{6}}", name), name

@@ -370,8 +370,7 @@ def test_a_preset_runs_one_round_with_its_sizes_brought_down(name, data, tiny_sd
     method = preset(name)["method"]
     prior = {"prior": tiny_sd, "image-size": "auto"} if method in ("espresso", "feddifrc") else {}
     small = {**SMALL[method], **prior}
-    # run-name: a folder dataset's default run name holds the folder's path, whose '/' the in-process run refuses
-    run = {**on_stand_in(name, data, tmp_path), **small, "run-name": name}
+    run = {**on_stand_in(name, data, tmp_path), **small}
     s = simulate_in_process(run, NODES[method])
     assert s["status"] == "completed" and s["failures"] == [], s.get("failures")
     config = json.loads((Path(s["run_dir"]) / "config.json").read_text())
