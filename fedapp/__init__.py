@@ -1,6 +1,7 @@
 """fedapp: diffusion and flow-matching models meet federated learning, as a Flower app."""
 
 import os
+import sys
 from typing import Any
 
 # Ray warns (FutureWarning) at every start that it will stop setting CUDA_VISIBLE_DEVICES="" for actors
@@ -18,3 +19,8 @@ def simulate(run_config: dict, num_clients: int, backend: dict | None = None, **
 
 
 __all__ = ["simulate"]
+
+if os.path.basename(sys.argv[0]) == "flwr-simulation":  # `flwr run`'s simulation, Ray's driver: before ray.init
+    from fedapp.simulation import own_ray_under_flwr_run
+
+    own_ray_under_flwr_run()  # a private Ray unless RAY_ADDRESS names a cluster

@@ -2,8 +2,9 @@
 
 fedapp.config checks that every value is well-formed; this module checks that the values work
 here: the data fits the federation, min-clients does not exceed its nodes, out-dir is a writable
-folder, and the prior and the classifier named resolve (a built-in, an existing folder, or a hub id
-that is cached or reachable). Each failure is one ConfigError line naming key, value and what is
+folder, and the dataset, the prior and the classifier named resolve (a built-in, an existing folder, or a
+hub id that is cached or reachable: offline, an uncached id fails in one line at once, not after the hub
+client's retries). Each failure is one ConfigError line naming key, value and what is
 allowed.
 """
 
@@ -65,13 +66,33 @@ def hub_reachable(timeout: float = 1.5) -> bool:
         return False
 
 
+def hub_down() -> str | None:
+    """Why nothing can be fetched from the hub here (switched off, or unreachable), else None."""
+    if hub_offline():
+        return "HF_HUB_OFFLINE is set"
+    return None if hub_reachable() else "the hub is unreachable"
+
+
 def hub_missing(repo_id: str, filename: str) -> str | None:
     """Why a hub id cannot load here (not cached, and the hub is switched off or unreachable), else None."""
     if hub_cached(repo_id, filename):
         return None
-    if hub_offline():
-        return "not in the local Hugging Face cache and HF_HUB_OFFLINE is set"
-    return None if hub_reachable() else "not in the local Hugging Face cache and the hub is unreachable"
+    why = hub_down()
+    return f"not in the local Hugging Face cache and {why}" if why else None
+
+
+def check_dataset(cfg: RunConfig) -> None:
+    """A hub dataset (an id, or an alias such as cifar10) is cached or the hub answers; built-ins and folders
+    are feddata's to check. Before feddata loads anything: `datasets` would retry the hub for ~25 s."""
+    from feddata.hub import hub_dataset_cached, hub_dataset_id
+
+    repo = hub_dataset_id(cfg.dataset)
+    if repo is None or hub_dataset_cached(repo):
+        return
+    why = hub_down()
+    if why:
+        raise ConfigError(f"dataset={cfg.dataset!r}: not in the local Hugging Face cache and {why}; allowed: a "
+                          "built-in name, a folder, or a hub dataset id that is cached or reachable")
 
 
 def check_prior(cfg: RunConfig) -> None:
@@ -201,6 +222,7 @@ def preflight(cfg: RunConfig, num_nodes: int | None = None) -> None:
         check_resume(cfg)
     else:
         check_out_dir(cfg)
+    check_dataset(cfg)
     if cfg.spec.uses_prior:
         check_prior(cfg)
         check_image_size(cfg)

@@ -15,7 +15,7 @@ from fedapp.config import ConfigError, RunConfig, check_data, parse_run_config
 from fedapp.preflight import preflight, sample_size_problem
 from fedapp.progress import no_ray_log_dedup, setup_logging
 from fedapp.results import RunDir
-from fedapp.server import MeteredGrid, ServerRun, wait_for_nodes
+from fedapp.server import MeteredGrid, ServerRun, TooFewNodes, simulated_nodes, wait_for_nodes
 from fedapp.server.checkpoint import load_checkpoint
 
 log = logging.getLogger("fedapp")
@@ -29,7 +29,9 @@ def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
     (with the error), so a run that stopped early is never mistaken for one in progress."""
     setup_logging()
     cfg = parse_run_config(flat_config)  # a user error stops here, before any client work
-    preflight(cfg)  # out-dir, prior, model: before the run folder or any node
+    # out-dir, dataset, prior, model: before the run folder or any node; in a simulation, whose nodes are
+    # known and fixed, also min-clients, the sampled share and the data against them (as fedapp.simulate)
+    preflight(cfg, simulated_nodes(grid))
     out = RunDir(Path(cfg.resume) if cfg.resume else Path(cfg.out_dir) / cfg.resolved_run_name,
                  tensorboard=cfg.log.tensorboard)
     run = ServerRun(cfg=cfg, out=out, device=cfg.torch_device())
@@ -55,7 +57,7 @@ def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
         nodes = wait_for_nodes(grid, cfg.min_clients, timeout=cfg.node_timeout)
         summary["num_clients"] = len(nodes)
         check_data(cfg, len(nodes))
-        if (why := sample_size_problem(cfg, len(nodes))) is not None:  # more nodes may still connect: a warning
+        if (why := sample_size_problem(cfg, len(nodes))) is not None:  # a deployment's may still grow: a warning
             log.warning("%s (on the %d nodes connected at the start)", why, len(nodes))
         strategy = registry.strategy_class(cfg.method)(run)
         summary["metrics"] = strategy.execute(MeteredGrid(grid, run))
@@ -112,7 +114,8 @@ def main(grid: Grid, context: Context) -> None:
     no_ray_log_dedup()  # `flwr run`: this process is Ray's driver; the clients' lines as they come, each
     try:
         run_server(grid, dict(context.run_config))
-    except ConfigError as err:
-        # one line, and Flower marks the run failed with it (`flwr list`); the traceback adds nothing
+    except (ConfigError, TooFewNodes) as err:
+        # one line, the ServerApp's last; Flower marks the run failed with it (`flwr list`) and then prints
+        # its own traceback of the ServerApp's exception, which adds nothing to it
         log.error("%s", err)
-        raise ConfigError(str(err)) from None
+        raise type(err)(str(err)) from None

@@ -35,6 +35,26 @@ def _keep_ray_on_loopback() -> None:
         sys.modules["ray._private.ray_constants"].ENABLE_RAY_CLUSTER = False
 
 
+def own_ray_under_flwr_run() -> bool:
+    """In `flwr run`'s simulation process, make the Ray that Flower starts a private one, as `simulate`'s is:
+    a new instance bound to the loopback, even where another Ray runs on the machine. True when it did.
+
+    That process (flwr-simulation) is Ray's driver, and Flower calls `ray.init(**init_args)` there with the
+    federation config's init-args only (num-cpus, num-gpus, logging-level, log-to-driver:
+    flwr/simulation/app.py:99-106); without an address `ray.init()` joins the cluster of the last `ray start`
+    on the machine (ray/_private/services.py:421-454), someone else's included. The app's code runs in that
+    process before `ray.init`: Flower loads the ClientApp (fedapp.client_app, so this package, whose __init__
+    calls this) in the thread that then starts the backend (flwr/server/superlink/fleet/vce/vce_api.py:373,
+    then :214; raybackend.py:104-119). RAY_ADDRESS, which `ray.init()` reads, set to "local" starts a new
+    instance. A RAY_ADDRESS the user set (a cluster's HEAD:6379, or "auto" for the `ray start` cluster on this
+    machine) in the environment of the `flwr` command that starts the SuperLink wins, as with `simulate`."""
+    if Path(sys.argv[0]).name != "flwr-simulation" or os.environ.get("RAY_ADDRESS"):
+        return False
+    os.environ["RAY_ADDRESS"] = "local"
+    _keep_ray_on_loopback()
+    return True
+
+
 def resolve_run_config(run_config: Mapping[str, Any], num_clients: int) -> tuple[dict[str, Any], Path]:
     """The flat config a run executes (defaults filled in, keys normalised, run-name resolved) and its
     run folder. User errors (bad key or value, too little data for `num_clients`) raise here, before
@@ -67,6 +87,7 @@ def simulate(run_config: Mapping[str, Any], num_clients: int, backend: dict | No
     `client_mods` are Flower client mods (tests use one to inject failures). Methods added with
     `fedapp.registry.register` travel with the ClientApp into Ray's actors.
     """
+    flat, run_dir = resolve_run_config(run_config, num_clients)  # user errors surface here, before Ray starts
     backend, ray_tmp = _ray_backend(backend)
     no_ray_log_dedup()  # this process is Ray's driver: the clients' lines as they come
     from flwr.serverapp import ServerApp
@@ -74,8 +95,6 @@ def simulate(run_config: Mapping[str, Any], num_clients: int, backend: dict | No
 
     from fedapp.client_app import make_client_app
     from fedapp.server_app import run_server
-
-    flat, run_dir = resolve_run_config(run_config, num_clients)  # user errors surface here, before Ray starts
 
     server = ServerApp()
 

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from .builtin import DIGIT_NAMES
+from .builtin import BUILTINS, DIGIT_NAMES
 from .types import BaseData, DatasetInfo, config_error
 
 HUB_ALIASES = {"cifar10": "uoft-cs/cifar10", "mnist": "ylecun/mnist"}
@@ -64,6 +64,36 @@ def _is_image_folder(path: str) -> bool:
 def _target(dataset: str) -> str:
     """What `dataset` names: an alias's hub id, else the string itself (a folder or hub id)."""
     return HUB_ALIASES.get(dataset, os.path.expanduser(dataset))
+
+
+def hub_dataset_id(dataset: str) -> str | None:
+    """The hub repository `dataset` would load from (an alias's id, or the id itself); None for a built-in,
+    an existing folder, or a name `load_hf` refuses without asking the hub."""
+    target = _target(dataset)
+    if (dataset in BUILTINS or os.path.isdir(target) or dataset.startswith((".", "~", "/"))
+            or dataset.count("/") > 1 or not _HUB_ID.match(target)):
+        return None
+    return target
+
+
+def _snake(name: str) -> str:
+    """datasets' camelcase_to_snakecase (datasets/naming.py), which names a dataset's cache folder."""
+    name = re.sub(r"([A-Z]+)([A-Z][a-z])", r"\1_\2", name)
+    return re.sub(r"([a-z\d])([A-Z])", r"\1_\2", name).lower()
+
+
+def hub_dataset_cached(repo_id: str) -> bool:
+    """Whether `datasets` can load hub dataset `repo_id` without the hub: its files are in the Hugging Face
+    hub cache (datasets--owner--name) or a prepared copy is in the datasets cache (owner___name, what
+    `load_dataset` falls back to offline)."""
+    from huggingface_hub import constants
+
+    parts = repo_id.split("/")
+    hub_dir = os.path.join(constants.HF_HUB_CACHE, "datasets--" + "--".join(parts))
+    datasets_cache = os.path.expanduser(os.environ.get("HF_DATASETS_CACHE")
+                                        or os.path.join(constants.HF_HOME, "datasets"))
+    prepared = os.path.join(datasets_cache, "___".join(parts[:-1] + [_snake(parts[-1])]))
+    return os.path.isdir(os.path.join(hub_dir, "snapshots")) or os.path.isdir(prepared)
 
 
 def load_hf(dataset: str):

@@ -146,9 +146,47 @@ def make_messages(node_ids: Iterable[int], message_type: str,
     return [Message(content=content_for(n), message_type=message_type, dst_node_id=n) for n in node_ids]
 
 
+class TooFewNodes(RuntimeError):
+    """Fewer nodes than min-clients connected within node-timeout: one line, no traceback needed."""
+
+
+def simulated_nodes(grid: Any) -> int | None:
+    """The number of SuperNodes of the Flower simulation `grid` belongs to; None for any other grid (a
+    deployment's nodes join over time) or where the number cannot be read.
+
+    A simulation's federation is fixed: flwr registers its `num-supernodes` nodes once and adds none. It starts
+    the ServerApp on a thread of its own first, though, so `grid.get_node_ids()` alone cannot tell "all there"
+    from "not yet registered", and flwr 1.42 hands the ServerApp no count: the Context's node_config is empty
+    (flwr/server/superlink/linkstate/linkstate.py:537) and the federation config stays in flwr-simulation
+    (flwr/simulation/app.py:247, 337-340). The count is read where flwr keeps it: the `num_supernodes` argument
+    of `flwr.simulation.run_simulation._main_loop`, the frame that made this very grid (run_simulation.py:301)
+    and runs the simulation until the ServerApp returns (`flwr run`'s flwr-simulation and
+    `flwr.simulation.run_simulation` alike)."""
+    import sys
+
+    try:
+        from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+    except ImportError:
+        return None
+    module = sys.modules.get("flwr.simulation.run_simulation")
+    code = getattr(getattr(module, "_main_loop", None), "__code__", None)
+    if not isinstance(grid, InMemoryGrid) or code is None:
+        return None
+    for frame in sys._current_frames().values():
+        while frame is not None:
+            if frame.f_code is code:
+                local = frame.f_locals
+                count = local.get("num_supernodes")
+                if local.get("grid") is grid and isinstance(count, int) and not isinstance(count, bool):
+                    return count
+            frame = frame.f_back
+    return None
+
+
 def wait_for_nodes(grid: Any, n: int, timeout: float = 600.0, poll: float = 1.0, report: float = 10.0) -> list[int]:
     """Block until at least `n` nodes are connected (deployment nodes join over time), saying every `report`
-    seconds how many are, and failing in one line after `timeout` seconds: waiting is never silent."""
+    seconds how many are, and failing in one line (TooFewNodes) after `timeout` seconds: waiting is never
+    silent."""
     t0 = last = time.time()
     while True:
         nodes = sorted(grid.get_node_ids())
@@ -156,7 +194,7 @@ def wait_for_nodes(grid: Any, n: int, timeout: float = 600.0, poll: float = 1.0,
             return nodes
         now = time.time()
         if now - t0 > timeout:
-            raise RuntimeError(f"min-clients={n}: only {len(nodes)} nodes connected within node-timeout="
+            raise TooFewNodes(f"min-clients={n}: only {len(nodes)} nodes connected within node-timeout="
                                f"{timeout:g} s")
         if now - last >= report:
             last = now
