@@ -17,7 +17,10 @@
    SD-layout prior at 32 px as the table's tiny-sd row; PFDM as `python -m experiments pfdm`, whole, being
    one-shot; DCFM-A and -B as `python -m experiments dcfm`, non-IID, whole): wall time and phases each.
    `--quick` shrinks each to a few steps on the 8x8 digits (a CPU dry run).
-4. Writes wall time per phase, synthesis images/s and the memory figures to --out as JSON.
+4. With `--plan [PRESET ...]` (run-config .toml files or quoted "key=value ..." strings; `--plan` alone: every
+   presets/*.toml): each preset's plan (`python -m fedapp.plan`) on this device, its micro-benchmark timing the
+   real modules at the preset's shapes, so the GPU figures are each preset's projected cost.
+5. Writes wall time per phase, synthesis images/s, the memory figures and the plans to --out as JSON.
 Timing does not depend on the weights; accuracy with a random prior is meaningless and not reported.
 """
 
@@ -198,6 +201,29 @@ def run_other_methods(a, work: Path) -> dict:
     return out
 
 
+def run_plans(a) -> dict:
+    """Each preset's plan on a.device (fedapp.plan: counts, bytes, its modules timed here at the preset's shapes);
+    a preset that cannot be planned here (its dataset or prior absent) records why and the others go on."""
+    from fedapp.options import ConfigError
+    from fedapp.plan import make_plan
+    from fedapp.plan.inputs import read_run_config
+
+    presets = a.plan or sorted(str(p) for p in (Path(__file__).resolve().parents[1] / "presets").glob("*.toml"))
+    out = {}
+    for preset in presets:
+        try:
+            plan = make_plan({**read_run_config(preset.split()), "device": a.device}, a.plan_clients, full=True)
+        except (ConfigError, OSError, ValueError) as err:
+            out[preset] = {"error": str(err).splitlines()[0]}
+            print(f"plan {preset}: {out[preset]['error']}", flush=True)
+            continue
+        keep = ("what", "side", "module", "mode", "rows", "calls", "seconds_per_call", "seconds", "basis")
+        out[preset] = {"run": plan["run"], "totals": plan["totals"], "prior": plan["prior"],
+                       "terms": [{k: t[k] for k in keep} for t in plan["terms"]]}
+        print(f"plan {preset}: projected {plan['totals']['wall_seconds_in_process']:.1f} s in process", flush=True)
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -212,6 +238,11 @@ def main(argv: list[str] | None = None) -> dict:
                                                                 "(default 16, --quick 2)")
     ap.add_argument("--batch", type=int, default=None, help="images in the timed UNet batch (default 8, --quick 2)")
     ap.add_argument("--steps", type=int, default=None, help="DDIM steps of the timed batch (default 25, --quick 2)")
+    ap.add_argument("--plan", nargs="*", default=None, metavar="PRESET",
+                    help="also plan these presets on the device (a .toml or a quoted 'key=value ...'); alone: "
+                         "every presets/*.toml")
+    ap.add_argument("--plan-clients", type=int, default=None, help="clients of each plan (default: the plan's)")
+    ap.add_argument("--plan-only", action="store_true", help="the plans alone (no steps 1-3)")
     ap.add_argument("--out", default="docs/results/gpu_check.json")
     a = ap.parse_args(argv)
     for key, full, quick in (("image_size", 64, 32), ("per_class", 16, 2), ("batch", 8, 2), ("steps", 25, 2)):
@@ -226,6 +257,9 @@ def main(argv: list[str] | None = None) -> dict:
     if a.device.startswith("cuda") and not torch.cuda.is_available():
         sys.exit("gpu_check: no CUDA device here; run it on a GPU machine (or --device cpu for a dry run)")
     t0 = time.time()
+    if a.plan_only:
+        return write_result(Path(a.out), {"device": torch.cuda.get_device_name(0) if a.device.startswith("cuda")
+                                          else "cpu", "torch": torch.__version__, "plans": run_plans(a)})
     unet = time_unet_batch(QUICK_UNET if a.quick else SD15_UNET, a.device, a.batch, a.steps)
     print(f"UNet {unet['parameters'] / 1e6:.0f} M parameters, {unet['dtype']}, batch {a.batch} x {a.steps} "
           f"guided DDIM steps: {unet['seconds']:.2f} s ({unet['images_per_second']} images/s), "
@@ -234,19 +268,25 @@ def main(argv: list[str] | None = None) -> dict:
     try:
         experiment = run_experiment(a, work)
         others = run_other_methods(a, work)
+        plans = run_plans(a) if a.plan is not None else None
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = {"device": torch.cuda.get_device_name(0) if a.device.startswith("cuda") else "cpu",
               "torch": torch.__version__, "quick": a.quick, "sd15_size_unet_batch": unet, "espresso": experiment,
               "other_methods": others, "total_seconds": round(time.time() - t0, 1)}
+    if plans is not None:
+        result["plans"] = plans
     print(f"espresso, {a.clients} clients ({'in process' if a.in_process else 'Ray'}): "
           f"{experiment['wall_seconds']} s wall, synthesis {experiment['synthesis_images_per_second']} img/s")
     for phase, sec in experiment["phase_seconds"].items():
         print(f"  {phase:<12} {sec:8.1f} s")
-    out = Path(a.out)
+    return write_result(Path(a.out), result)
+
+
+def write_result(out: Path, result: dict) -> dict:
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = out.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(result, indent=2) + "\n")
+    tmp.write_text(json.dumps(result, indent=2, default=str) + "\n")
     tmp.replace(out)  # whole or not at all
     return result
 
