@@ -5,12 +5,12 @@
 
 A client like the default `flwr run .` (digit-styles, 16 images per class, J = 4: 40 conditions of ~4
 images) on the tiny prior's architecture with random weights (timing does not depend on the weights).
-It times `learn_conditions` (every condition's rows in one UNet call per step) and
+It times production's `learn_conditions` (every condition's rows in one UNet call per step) and
 `learn_conditions_loop` (one condition at a time, the same draws) for --steps Adam steps, checks that
 they return the same embeddings, and times the learner before batching too
 (`learn_conditions_minibatch`: one minibatch of 32 images over the whole client per step, 100 steps
-at lr 0.01 its default), to put the new default (200 steps, one image per condition) in seconds
-per client pass.
+at lr 0.01 its default; both research learners live in experiments/espresso_condition_learners.py), to
+put the new default (200 steps, one image per condition) in seconds per client pass.
 """
 
 from __future__ import annotations
@@ -24,11 +24,8 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from clients.espresso import (
-    learn_conditions,
-    learn_conditions_loop,
-    learn_conditions_minibatch,
-)
+from clients.espresso import learn_conditions
+from experiments.espresso_condition_learners import learn_conditions_loop, learn_conditions_minibatch
 from fedapp.models.prior.tiny import TinyPriorConfig, random_tiny_prior
 
 

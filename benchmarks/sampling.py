@@ -21,7 +21,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from fedapp.models.prior.samplers import DEFAULT_GUIDANCE, expected_unet_evals  # noqa: E402
+from fedapp.models.prior.samplers import DEFAULT_GUIDANCE, SamplerSettings, expected_unet_evals  # noqa: E402
 from fedapp.models.prior.tiny import TinyPriorConfig, random_tiny_prior  # noqa: E402
 
 
@@ -44,8 +44,9 @@ def run_sampler(prior, batch: int, steps: int, sampler: str, guidance: float, ga
     try:
         noise = torch.randn(batch, *prior.latent_shape, generator=torch.Generator().manual_seed(0))
         t0 = time.perf_counter()
-        out = prior.sample(noise, "a photo of the digit three", num_steps=steps, guidance=guidance, sampler=sampler,
-                           zigzag_t=zigzag_t, gamma2=gamma2)
+        out = prior.sample(noise, "a photo of the digit three",
+                           SamplerSettings(sampler=sampler, num_steps=steps, guidance=guidance, zigzag_t=zigzag_t,
+                                           gamma2=gamma2))
         seconds = time.perf_counter() - t0
     finally:
         hook.remove()

@@ -44,6 +44,8 @@ def latent_prior():
 
 def time_sample(prior, batch: int, steps: int, guidance: float) -> tuple[float, float]:
     """(seconds of one guided batch, of which the VAE decode)."""
+    from fedapp.models.prior.samplers import SamplerSettings
+
     noise = torch.randn(batch, *prior.latent_shape, generator=torch.Generator().manual_seed(0))
     prompts = ["a photo of the digit three"] * batch
     decode, real = [0.0], prior.decode_latents
@@ -56,7 +58,7 @@ def time_sample(prior, batch: int, steps: int, guidance: float) -> tuple[float, 
 
     prior.decode_latents = timed_decode
     t = time.perf_counter()
-    prior.sample(noise, prompts, num_steps=steps, guidance=guidance)
+    prior.sample(noise, prompts, SamplerSettings(num_steps=steps, guidance=guidance))
     total = time.perf_counter() - t
     prior.decode_latents = real
     return total, decode[0]

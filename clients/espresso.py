@@ -22,6 +22,7 @@ and return tensors; only `handle_train` knows Flower.
 from __future__ import annotations
 
 import logging
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -93,8 +94,17 @@ def draw_rows(g: torch.Generator, members: torch.Tensor, batch: int, latent_shap
     return idx, t, eps
 
 
-def _members(owner: torch.Tensor, num_conditions: int) -> list[torch.Tensor]:
+def condition_members(owner: torch.Tensor, num_conditions: int) -> list[torch.Tensor]:
+    """The image indices of each condition e = 0..num_conditions-1 (owner: each image's condition)."""
     return [torch.nonzero(owner == e).flatten() for e in range(num_conditions)]
+
+
+class ConditionLearner(Protocol):
+    """What `espresso_upload` calls to learn the conditions: `learn_conditions` in production; research
+    learners (experiments/espresso_condition_learners.py) are passed in with the same signature."""
+
+    def __call__(self, prior, z0: torch.Tensor, owner: torch.Tensor, init: torch.Tensor, *, steps: int,
+                 lr: float, batch: int, seed: int) -> torch.Tensor: ...
 
 
 def learn_conditions(prior, z0: torch.Tensor, owner: torch.Tensor, init: torch.Tensor, *, steps: int,
@@ -105,13 +115,14 @@ def learn_conditions(prior, z0: torch.Tensor, owner: torch.Tensor, init: torch.T
     them through the UNet in one batched call, every row with its own condition's sequence. The loss
     is sum_j mean_{rows of j} ||.||^2, so c^j's gradient is exactly that of its own cluster's loss, and
     one Adam over the stacked (E, L, D) tensor is E independent Adams (Adam is per coordinate): the
-    result equals `learn_conditions_loop` (one condition at a time), at a fraction of the UNet calls."""
+    result equals the per-condition loop (experiments/espresso_condition_learners.py:
+    learn_conditions_loop, one condition at a time), at a fraction of the UNet calls."""
     device = prior.device
     c = init.detach().clone().to(device, prior.dtype).requires_grad_(True)
     if steps <= 0:
         return c.detach().cpu()
     opt = torch.optim.Adam([c], lr=lr)
-    members = _members(owner, len(init))
+    members = condition_members(owner, len(init))
     gens = [condition_generator(seed, e) for e in range(len(init))]
     z0 = z0.to(device, prior.dtype)
     for _ in track(range(steps), "condition steps"):
@@ -121,46 +132,6 @@ def learn_conditions(prior, z0: torch.Tensor, owner: torch.Tensor, init: torch.T
         idx, t, eps = (torch.cat(parts).to(device) for parts in zip(*draws))
         rows = prior.loss(z0[idx], c[row_cond], t, eps.to(prior.dtype), reduction="none")
         loss = (rows * weight).sum()  # sum over conditions of each one's mean loss
-        opt.zero_grad(set_to_none=True)
-        loss.backward()
-        opt.step()
-    return c.detach().cpu()
-
-
-def learn_conditions_loop(prior, z0: torch.Tensor, owner: torch.Tensor, init: torch.Tensor, *, steps: int,
-                          lr: float, batch: int, seed: int) -> torch.Tensor:
-    """The reference: Eq. (8) for one condition at a time, its own Adam and the same draws as the batched
-    `learn_conditions` (what the test and benchmarks/conditions.py compare it with)."""
-    device = prior.device
-    z0 = z0.to(device, prior.dtype)
-    out = []
-    for e, m in enumerate(_members(owner, len(init))):
-        c = init[e:e + 1].detach().clone().to(device, prior.dtype).requires_grad_(True)
-        opt, g = torch.optim.Adam([c], lr=lr), condition_generator(seed, e)
-        for _ in range(steps):
-            idx, t, eps = draw_rows(g, m, batch, z0.shape[1:], prior.num_train_timesteps)
-            loss = diffusion_loss(prior, z0[idx.to(device)], c.expand(len(idx), -1, -1), t.to(device),
-                                  eps.to(device, prior.dtype))
-            opt.zero_grad(set_to_none=True)
-            loss.backward()
-            opt.step()
-        out.append(c.detach().cpu())
-    return torch.cat(out)
-
-
-def learn_conditions_minibatch(prior, z0: torch.Tensor, owner: torch.Tensor, init: torch.Tensor, *, steps: int,
-                               lr: float, batch: int, seed: int) -> torch.Tensor:
-    """The learner before batching (kept to compare with): `batch` images drawn over the whole client
-    per step, each row with its image's condition, so a condition gets a gradient only in the steps
-    that draw one of its images (100 steps, lr 0.01, batch 32 were its defaults)."""
-    c = init.detach().clone().to(prior.device, prior.dtype).requires_grad_(True)
-    opt, g = torch.optim.Adam([c], lr=lr), torch.Generator().manual_seed(seed)
-    z0, owner = z0.to(prior.device, prior.dtype), owner.to(prior.device)
-    for _ in range(steps):
-        idx = torch.randint(0, len(z0), (batch,), generator=g).to(prior.device)
-        t = torch.randint(0, prior.num_train_timesteps, (batch,), generator=g).to(prior.device)
-        eps = torch.randn(batch, *z0.shape[1:], generator=g).to(prior.device, prior.dtype)
-        loss = diffusion_loss(prior, z0[idx], c[owner[idx]], t, eps)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
@@ -216,13 +187,16 @@ def class_features(prior, x: torch.Tensor, spec: str, extractor=None) -> torch.T
 
 
 def espresso_upload(prior, x: torch.Tensor, y: torch.Tensor, *, num_classes: int, prompts: list[str],
-                    opts: P.EspressoOptions, seed: int, extractor=None) -> dict[str, torch.Tensor]:
+                    opts: P.EspressoOptions, seed: int, extractor=None,
+                    learner: ConditionLearner = learn_conditions) -> dict[str, torch.Tensor]:
     """Everything client k uploads, from its training images x (N, 3, H, W) in [-1, 1] and labels y.
 
     opts carries the espresso.* switches (conditions, clusters, embed_*, init, gmm_components,
-    mixup_*, diffusions_per_latent, steps, features). Keys (P.ARRAY_NAMES): class_counts (K,); with learned
-    conditions embeddings (E, L, D), embedding_class (E,), cluster_sizes (E,); with init=gmm
-    gmm_class (G,), gmm_weights (G, M), gmm_means (G, M, dim), gmm_variances (G, M, dim)."""
+    mixup_*, diffusions_per_latent, steps, features); `learner` learns the conditions (production's
+    `learn_conditions`; a research one is passed in: experiments/espresso_condition_learners.py).
+    Keys (P.ARRAY_NAMES): class_counts (K,); with learned conditions embeddings (E, L, D),
+    embedding_class (E,), cluster_sizes (E,); with init=gmm gmm_class (G,), gmm_weights (G, M),
+    gmm_means (G, M, dim), gmm_variances (G, M, dim)."""
     y = y.long()
     counts = torch.bincount(y, minlength=num_classes)
     classes = [int(c) for c in torch.nonzero(counts).flatten()]
@@ -235,8 +209,8 @@ def espresso_upload(prior, x: torch.Tensor, y: torch.Tensor, *, num_classes: int
         clusters = opts.clusters if opts.conditions == "cluster" else 1
         owner, cond_class = assign_conditions(y, feats, classes, clusters)
         init = prior.encode_prompts([prompts[c] for c in cond_class.tolist()]).float().cpu()
-        out[P.EMBEDDINGS] = learn_conditions(prior, z0, owner, init, steps=opts.embed_steps, lr=opts.embed_lr,
-                                             batch=opts.embed_batch, seed=seed + 1)
+        out[P.EMBEDDINGS] = learner(prior, z0, owner, init, steps=opts.embed_steps, lr=opts.embed_lr,
+                                    batch=opts.embed_batch, seed=seed + 1)
         out[P.EMBEDDING_CLASS] = cond_class
         out[P.CLUSTER_SIZES] = torch.bincount(owner, minlength=len(cond_class))
     if opts.init == "gmm":

@@ -9,8 +9,9 @@ is asked for (right, up); the figure shows where its samples land, and `mode_sha
 samples within distance 1 of the missing mode's centre (2, 2), per seed and as mean ± std. `--sweep` runs
 DCFM-A and -B at each lambda first (same seeds). lambda, the masks pi, routes per batch and route masking
 default to the run config's (fedapp/protocols/dcfm.py), so the toy measures the defaults a run uses.
-Not a federated run: a 2-D toy that calls the same math as the image experiment (clients/dcfm.py's expert
-training, the server's replay buffer and student distillation, DDM's router) on the MLP VectorVelocityNet.
+Not a federated run: a 2-D toy that calls the same code as the image experiment (clients/dcfm.py's expert
+training, FedFlow's aggregate, variant A's round schedule, the server's replay buffer and student
+distillation, DDM's router) on the MLP VectorVelocityNet.
 """
 
 from __future__ import annotations
@@ -61,9 +62,17 @@ def counts_of(y: torch.Tensor) -> torch.Tensor:
     return c
 
 
-def fedavg(models: list) -> dict:
-    sd = [m.state_dict() for m in models]
-    return {k: sum(s[k] for s in sd) / len(sd) for k in sd[0]}
+def fedavg(models: list, num_examples: list[int]) -> dict:
+    """FedFlow's aggregate, the strategy's own (strategies/fedflow.py fedavg_experts): the num-examples-weighted
+    mean of the local models."""
+    from flwr.app import ArrayRecord, MetricRecord
+
+    from fedapp.protocols import NUM_EXAMPLES_KEY
+    from strategies.fedflow import expert_upload, fedavg_experts
+
+    uploads = [expert_upload(ArrayRecord(m.state_dict()), MetricRecord({NUM_EXAMPLES_KEY: n}))
+               for m, n in zip(models, num_examples, strict=True)]
+    return fedavg_experts(uploads).to_torch_state_dict()
 
 
 def local_experts(data: dict, steps: int, lambda_ci: float, pi: tuple, seed: int, ci_batch: int = 0) -> dict:
@@ -80,19 +89,21 @@ def local_experts(data: dict, steps: int, lambda_ci: float, pi: tuple, seed: int
 def peer_rounds(experts: dict, data: dict, counts: dict, *, rounds: int, peer_steps: int, lambda_ci: float,
                 pi: tuple, routes_per_batch: int, route_mask: bool, seed: int, schedule: str = "allgather",
                 ci_batch: int = 0) -> None:
-    """Variant A: R rounds of L_FM + lambda L_peerCI, each expert against frozen copies of the others:
-    all from the round's start (allgather) or, sequential, the peers already retrained this round."""
+    """Variant A: R rounds of L_FM + lambda L_peerCI, each expert against frozen copies of the others, in the
+    strategy's schedule (strategies/dcfm.py peer_round_groups): all from the round's start (allgather) or,
+    sequential, the peers already retrained this round."""
+    from strategies.dcfm import peer_round_groups
+
     for r in range(rounds):
-        frozen = {a: copy.deepcopy(e) for a, e in experts.items()}
-        for a, e in experts.items():
-            if schedule == "sequential":
-                frozen = {b: copy.deepcopy(f) for b, f in experts.items()}
-            e.requires_grad_(True)
-            train_expert(e, *data[a], steps=peer_steps, batch=BATCH, lr=LR, pi=pi, lambda_ci=lambda_ci,
-                         seed=seed + 20 + 10 * r + a, peers={b: f for b, f in frozen.items() if b != a},
-                         self_index=a, peer_counts=counts, routes_per_batch=routes_per_batch,
-                         route_mask=route_mask, ci_batch=ci_batch)
-            e.requires_grad_(False)
+        for group in peer_round_groups(sorted(experts), schedule):
+            frozen = {a: copy.deepcopy(e) for a, e in experts.items()}
+            for a in group:
+                e = experts[a].requires_grad_(True)
+                train_expert(e, *data[a], steps=peer_steps, batch=BATCH, lr=LR, pi=pi, lambda_ci=lambda_ci,
+                             seed=seed + 20 + 10 * r + a, peers={b: f for b, f in frozen.items() if b != a},
+                             self_index=a, peer_counts=counts, routes_per_batch=routes_per_batch,
+                             route_mask=route_mask, ci_batch=ci_batch)
+                e.requires_grad_(False)
 
 
 @torch.no_grad()
@@ -150,7 +161,7 @@ def run_toy(steps: int = 400, fl_rounds: int = 20, distill_steps: int = 800, rou
                 train_expert(m, *data[a], steps=max(1, steps // fl_rounds), batch=BATCH, lr=LR, pi=pi,
                              lambda_ci=0.0, seed=seed + 100 * r + a)
                 local.append(m)
-            glob.load_state_dict(fedavg(local))
+            glob.load_state_dict(fedavg(local, [len(data[a][0]) for a in data]))
         out["fedflow"] = sample(joint_field(glob, want))
     if "ddm" in methods:  # experts without CI + a router (x_t, t) -> expert from their own samples
         plain = local_experts(data, steps, 0.0, pi, seed)

@@ -6,8 +6,9 @@ for several (embed-steps, embed-lr, embed-batch) settings, and the client second
 
 For each setting and each --inits (gaussian: the C row's N(0, I) noise; gmm: the C+G row's noise drawn
 from the client's GMM of forward-diffused latents), each listed client (its shard as the run builds it)
-computes its upload (clients/espresso.py; `minibatch`: the learner before batching,
-learn_conditions_minibatch), the server synthesises 1x its data from those conditions with DDIM
+computes its upload (clients/espresso.py, with the setting's learner passed in: `batched` production's
+learn_conditions, `minibatch` the learner before batching, experiments/espresso_condition_learners.py),
+the server synthesises 1x its data from those conditions with DDIM
 (--sampler zigzag: Z-sampling; strategies/espresso.py), and two SmallCNNs trained on real public images
 read each image's class and domain (experiments.espresso_ablation: fidelity_readers, fidelity). With
 --samplers it also reads class-prompted samples (no learned condition) of the previous and the new sampler
@@ -27,7 +28,7 @@ from fedapp.options import ConfigError
 from fedapp.results import atomic_write_json
 
 DEFAULT_SETTINGS = ["100:0.01:32:minibatch", "100:0.05:1", "200:0.05:1", "400:0.05:1"]
-SAMPLERS = {  # name -> Prior.sample keywords: the previous default, the new one, each without and with Z
+SAMPLERS = {  # name -> SamplerSettings fields: the previous default, the new one, each without and with Z
     "ddim 10 leading": {"sampler": "ddim", "num_steps": 10, "spacing": "leading"},
     "zigzag 10 leading paper": {"sampler": "zigzag", "num_steps": 10, "spacing": "leading"},
     "ddim 50 trailing": {"sampler": "ddim", "num_steps": 50, "spacing": "trailing"},
@@ -38,9 +39,11 @@ SAMPLERS = {  # name -> Prior.sample keywords: the previous default, the new one
 
 def parse_setting(text: str) -> dict[str, Any]:
     """'steps:lr:batch[:batched|minibatch]' -> {steps, lr, batch, learner}; a ConfigError says the form."""
+    from experiments.espresso_condition_learners import LEARNERS
+
     parts = text.split(":")
     try:
-        if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] not in ("batched", "minibatch")):
+        if len(parts) not in (3, 4) or (len(parts) == 4 and parts[3] not in LEARNERS):
             raise ValueError
         return {"steps": int(parts[0]), "lr": float(parts[1]), "batch": int(parts[2]),
                 "learner": parts[3] if len(parts) == 4 else "batched"}
@@ -56,27 +59,23 @@ def run_setting(setting: dict[str, Any], cfg, prior, shards: list, prompts: list
     with each init."""
     from clients import espresso as client
     from experiments.espresso_ablation import fidelity
+    from experiments.espresso_condition_learners import LEARNERS
     from strategies import espresso as server
 
     opts = dataclasses.replace(cfg.options, init="gmm" if "gmm" in inits else "gaussian", sampler=sampler,
                                ratio=1.0, embed_steps=setting["steps"], embed_lr=setting["lr"],
                                embed_batch=setting["batch"], gamma1=server.P.guidance(cfg.options, cfg))
-    learner = client.learn_conditions_minibatch if setting["learner"] == "minibatch" else client.learn_conditions
-    real, client.learn_conditions = client.learn_conditions, learner  # what espresso_upload calls
     synth: dict[str, list] = {init: [] for init in inits}
     seconds = []
     prompt_cond = prior.encode_prompts(prompts).float().cpu()
-    try:
-        for sh in shards:
-            t0 = time.time()
-            up = client.espresso_upload(prior, sh.train.x, sh.train.y, num_classes=len(prompts), prompts=prompts,
-                                        opts=opts, seed=seed)
-            seconds.append(round(time.time() - t0, 1))
-            for init in inits:
-                synth[init].append(server.synthesize_client(prior, up, dataclasses.replace(opts, init=init),
-                                                            prompt_cond, seed)[:2])
-    finally:
-        client.learn_conditions = real
+    for sh in shards:
+        t0 = time.time()
+        up = client.espresso_upload(prior, sh.train.x, sh.train.y, num_classes=len(prompts), prompts=prompts,
+                                    opts=opts, seed=seed, learner=LEARNERS[setting["learner"]])
+        seconds.append(round(time.time() - t0, 1))
+        for init in inits:
+            synth[init].append(server.synthesize_client(prior, up, dataclasses.replace(opts, init=init),
+                                                        prompt_cond, seed)[:2])
     own = [domains.index(sh.meta["domain"]) for sh in shards]
     return [{**setting, "init": init, "sampler": sampler, **fidelity(readers, synth[init], own),
              "client_seconds": seconds} for init in inits]
@@ -88,13 +87,14 @@ def sampler_rows(prior, prompts: list[str], readers, n: int, guidance: float, se
     import torch
 
     from fedapp.models.classifier import predict
+    from fedapp.models.prior.samplers import SamplerSettings
 
     y = torch.arange(n) % len(prompts)
     cond = prior.encode_prompts(prompts)[y]
     noise = torch.randn(n, *prior.latent_shape, generator=torch.Generator().manual_seed(seed))
     out = {}
     for name, kw in samplers.items():
-        x = prior.sample(noise, cond, guidance=guidance, zigzag_t=800, gamma2=0.0, **kw).images.float()
+        x = prior.sample(noise, cond, SamplerSettings(guidance=guidance, zigzag_t=800, gamma2=0.0, **kw)).images.float()
         out[name] = {"class_fidelity": float((predict(readers["class"], x) == y).float().mean()),
                      "domains_read": torch.bincount(predict(readers["domain"], x), minlength=4).tolist()}
     return out

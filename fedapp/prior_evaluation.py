@@ -14,6 +14,7 @@ import torch
 from fedapp.images import sample_grid
 from fedapp.models.classifier import accuracy, predict
 from fedapp.models.prior.pipeline import load_components
+from fedapp.models.prior.samplers import SamplerSettings
 from fedapp.models.prior.tiny.train import server_split
 from fedapp.models.text import class_prompts
 
@@ -56,7 +57,7 @@ def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
     result, best = {}, None
     for g in guidances:
         t1 = time.time()
-        out = prior.sample(noise, cond, num_steps=num_steps, guidance=g)
+        out = prior.sample(noise, cond, SamplerSettings(num_steps=num_steps, guidance=g))
         acc = accuracy(ref.model, resized(out.images, read_size), labels)
         result[str(g)] = {"accuracy": round(acc, 4), "seconds": round(time.time() - t1, 1)}
         if best is None or acc > best[1]:
@@ -67,7 +68,7 @@ def evaluate_tiny_prior(folder: str | Path, dataset: str, per_class: int = 20,
     readers = [ref, *domains.pop("_readers", [])]
     # Z-sampling at the best guidance (gamma2 = 0, T_z = 800), from the same noise
     t1 = time.time()
-    zz = prior.sample(noise, cond, num_steps=num_steps, guidance=best[0], sampler="zigzag")
+    zz = prior.sample(noise, cond, SamplerSettings(sampler="zigzag", num_steps=num_steps, guidance=best[0]))
     zigzag = {"accuracy": round(accuracy(ref.model, resized(zz.images, read_size), labels), 4),
               "unet_evals": zz.unet_evals, "seconds": round(time.time() - t1, 1)}
     return {"sample_accuracy": round(best[1], 4), "sample_guidance": best[0], "accuracy_by_guidance": result,

@@ -35,6 +35,19 @@ from fedapp.server.validation import check_reply, safe_reason
 from strategies.flow import FlowStrategy
 
 
+# ---- variant A: the peer rounds' schedule -----------------------------------------------------------------
+def peer_round_groups(ids: list[int], schedule: str) -> list[list[int]]:
+    """One variant-A round (dcfm.peer-schedule) as the groups of experts that retrain together, in order;
+    each group retrains against the experts as they stand when it starts. allgather: one group of all of
+    them, against the round's start (the paper); sequential: one expert at a time, against the peers as
+    already retrained this round. The strategy's peer_round and the 2-D toy (experiments/dcfm_toy.py)."""
+    if schedule == "allgather":
+        return [list(ids)]
+    if schedule == "sequential":
+        return [[a] for a in ids]
+    raise ValueError(f"peer schedule {schedule!r}: allowed 'allgather', 'sequential'")
+
+
 # ---- variant B: distillation into one student (eqs. 15-17) ---------------------------------------------
 def seen_pairs(counts: torch.Tensor, n: int, generator: torch.Generator) -> torch.Tensor:
     """n labels y drawn from the pairs of a count table n(y_1, y_2), ∝ the counts."""
@@ -142,15 +155,16 @@ class DcfmStrategy(FlowStrategy):
         round's start, at once (the paper). sequential: client by client, each against the peers as
         already retrained this round (same transfers; a client that fails keeps its previous expert)."""
         config = self.run_config_record(**{ROUND_KEY: r})
-        nodes = sorted(self.node_of.values())
+        groups = peer_round_groups(sorted(self.node_of.values()), self.opts.peer_schedule)
         if self.opts.peer_schedule == "allgather":
+            [nodes] = groups
             records = self.peers_for()
             self.experts, self.counts = {}, {}
             self.keep_experts(self.exchange(grid, P.PEER, nodes, records, self.task.validate, config=config))
             return
         kept = 0
-        for node in nodes:
-            replies = self.exchange(grid, P.PEER, [node], self.peers_for(), config=config)
+        for group in groups:  # one node each: a client that fails keeps its previous expert
+            replies = self.exchange(grid, P.PEER, group, self.peers_for(), config=config)
             valid = [r for r in replies if self.valid_peer_reply(r)]
             self.keep_experts(valid)
             kept += len(valid)

@@ -92,10 +92,9 @@ def denoise(prior, noise: torch.Tensor, cond: torch.Tensor, opts: P.EspressoOpti
     returns (images (N, 3, H, W) in [-1, 1] on the CPU, UNet evaluations per image). `progress`
     counts the images."""
     images, evals = [], 0
+    settings = opts.sampler_settings()
     for s in range(0, len(noise), opts.synth_batch):
-        out = prior.sample(noise[s:s + opts.synth_batch], cond[s:s + opts.synth_batch], num_steps=opts.steps,
-                           guidance=opts.gamma1, sampler=opts.sampler, zigzag_t=opts.zigzag_t, gamma2=opts.gamma2,
-                           spacing=opts.spacing, zigzag=opts.zigzag)
+        out = prior.sample(noise[s:s + opts.synth_batch], cond[s:s + opts.synth_batch], settings)
         images.append(out.images.float().cpu())
         evals = out.unet_evals
         if progress is not None:

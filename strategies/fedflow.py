@@ -18,14 +18,14 @@ from __future__ import annotations
 from typing import Any, Callable, Iterable
 
 import torch
-from flwr.app import ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_arrayrecords
 from torch import nn
 from torch.nn import functional as F
 
 from fedapp.models.compose import joint_field
 from fedapp.models.flow import euler, sample_path
-from fedapp.protocols import METRICS_KEY
+from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY
 from fedapp.protocols import dcfm as P
 from fedapp.server import RoundStrategy, ServerRun
 from fedapp.server.checkpoint import save_model
@@ -33,6 +33,18 @@ from strategies.dcfm import seen_pairs
 from strategies.flow import FlowEvaluation, FlowStrategy, FlowTask, log
 
 HOLDER_PROBE = 256  # seen-pair paths that measure DDM's router (router_holder_weight); a diagnostic, no sample kept
+
+
+def expert_upload(expert: ArrayRecord, metrics: MetricRecord, arrays_key: str = ARRAYS_KEY) -> RecordDict:
+    """What FedFlow's aggregation takes of one upload: the expert alone (Flower averages every ArrayRecord of
+    a RecordDict and expects exactly one) and its metrics, whose num-examples weighs it."""
+    return RecordDict({arrays_key: expert, METRICS_KEY: metrics})
+
+
+def fedavg_experts(uploads: list[RecordDict], weighted_by_key: str = NUM_EXAMPLES_KEY) -> ArrayRecord:
+    """FedFlow's global model: Flower's num-examples-weighted mean (aggregate_arrayrecords) of the uploaded
+    experts (expert_upload); the strategy's round and the 2-D toy (experiments/dcfm_toy.py) alike."""
+    return aggregate_arrayrecords(uploads, weighted_by_key)
 
 
 class FedFlowStrategy(RoundStrategy):
@@ -66,9 +78,9 @@ class FedFlowStrategy(RoundStrategy):
         validate_expert); Flower averages every ArrayRecord of a reply and expects exactly one, so only
         the expert and the metrics go to its aggregation."""
         self.uploads = len(kept)
-        models = [RecordDict({self.arrayrecord_key: r.content.array_records[P.EXPERT_KEY],
-                              METRICS_KEY: r.content.metric_records[METRICS_KEY]}) for r in kept]
-        return (aggregate_arrayrecords(models, self.weighted_by_key),
+        models = [expert_upload(r.content.array_records[P.EXPERT_KEY], r.content.metric_records[METRICS_KEY],
+                                self.arrayrecord_key) for r in kept]
+        return (fedavg_experts(models, self.weighted_by_key),
                 self.train_metrics_aggr_fn(models, self.weighted_by_key))
 
     # -- fedapp -------------------------------------------------------------------------

@@ -239,3 +239,76 @@ def test_max_upload_bytes_is_the_megabytes_in_bytes():
 
     cfg = parse_run_config({**all_defaults(), "max-upload-mb": 1.5})
     assert cfg.max_upload_bytes == 1572864 and isinstance(cfg.max_upload_bytes, int)
+
+
+PRODUCTION = ("fedapp", "strategies", "clients", "feddata")  # what a run executes
+
+
+def _patches_of_production(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, target) of every assignment, augmented assignment, `del` or setattr() whose target is an attribute
+    of a name bound by importing from a production package (`from clients import espresso as client` ->
+    `client.learn_conditions = ...`; `import fedapp.progress` -> `fedapp.progress.X = ...`;
+    `from fedapp.server import ServerRun` -> `ServerRun.f = ...`): a run-time patch of production code."""
+    bound = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            bound |= {(a.asname or a.name.split(".")[0]) for a in node.names
+                      if a.name.split(".")[0] in PRODUCTION}
+        elif isinstance(node, ast.ImportFrom) and not node.level and (node.module or "").split(".")[0] in PRODUCTION:
+            bound |= {a.asname or a.name for a in node.names}
+
+    def root(expr: ast.AST) -> str | None:
+        while isinstance(expr, (ast.Attribute, ast.Subscript)):
+            expr = expr.value
+        return expr.id if isinstance(expr, ast.Name) else None
+
+    def flat(targets):
+        for t in targets:
+            if isinstance(t, (ast.Tuple, ast.List)):
+                yield from flat(t.elts)
+            elif isinstance(t, ast.Starred):
+                yield from flat([t.value])
+            else:
+                yield t
+
+    hits = []
+    for node in ast.walk(tree):
+        targets = []
+        if isinstance(node, ast.Assign):
+            targets = list(flat(node.targets))
+        elif isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+            targets = [node.target]
+        elif isinstance(node, ast.Delete):
+            targets = list(flat(node.targets))
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id in ("setattr", "delattr") \
+                and node.args and root(node.args[0]) in bound:
+            hits.append((node.lineno, f"{node.func.id}({ast.unparse(node.args[0])}, ...)"))
+        for t in targets:
+            if isinstance(t, (ast.Attribute, ast.Subscript)) and root(t) in bound:
+                hits.append((node.lineno, ast.unparse(t)))
+    return sorted(hits)
+
+
+def test_experiments_and_benchmarks_never_patch_production_code():
+    """A research variant is an option of the method or lives in experiments/ and is passed in (e.g.
+    espresso_upload(learner=...)): nothing in experiments/ or benchmarks/ assigns to an attribute of a module
+    or object it imported from fedapp/, strategies/, clients/ or feddata/."""
+    offenders = {}
+    for folder in ("experiments", "benchmarks"):
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            hits = [target for _, target in _patches_of_production(ast.parse(path.read_text()))]
+            if hits:
+                offenders[str(path.relative_to(ROOT))] = hits
+    # KNOWN, not yet removed: the FedDifRC table turns clients/feddifrc.py's process-wide target memo on by
+    # assigning its module flag (an injection point for it is still to be made); nothing may join this list
+    assert offenders == {"experiments/feddifrc.py": ["fdr.SHARE_TARGETS"],
+                         "experiments/feddifrc_signal.py": ["fdr.SHARE_TARGETS"]}
+    # the check sees the patch experiments/espresso_conditions.py once made, and the other spellings
+    patched = _patches_of_production(ast.parse(
+        "from clients import espresso as client\nimport strategies.espresso\nfrom fedapp.server import ServerRun\n"
+        "import torch\nfrom experiments.common import prog\n"
+        "real, client.learn_conditions = client.learn_conditions, learner\n"
+        "strategies.espresso.P.x = 1\nServerRun.f += 1\nsetattr(client, 'a', 1)\ndel client.b\n"
+        "torch.x = 1\nprog.y = 2\nm = client.f()\nm.w = 3\n"))
+    assert patched == [(6, "client.learn_conditions"), (7, "strategies.espresso.P.x"), (8, "ServerRun.f"),
+                       (9, "setattr(client, ...)"), (10, "client.b")]

@@ -117,6 +117,8 @@ def test_learned_condition_lowers_the_diffusion_loss_of_its_cluster(prior, shard
 
 def test_batched_condition_learning_equals_the_per_condition_loop(prior):
     """One batched UNet call per step over every cluster == each condition optimised alone, same draws."""
+    from experiments.espresso_condition_learners import learn_conditions_loop
+
     g = torch.Generator().manual_seed(0)
     z0 = torch.randn(9, *prior.latent_shape, generator=g)
     owner = torch.tensor([0, 0, 0, 0, 1, 2, 2, 2, 2])  # cluster sizes 4, 1, 4: batch 2 caps two of them
@@ -125,7 +127,7 @@ def test_batched_condition_learning_equals_the_per_condition_loop(prior):
     rows0 = prior.unet_rows
     batched = client.learn_conditions(prior, z0, owner, init, **kw)
     assert prior.unet_rows - rows0 == 4 * (2 + 1 + 2)  # 4 steps, one call of min(batch, |cluster|) rows each
-    looped = client.learn_conditions_loop(prior, z0, owner, init, **kw)
+    looped = learn_conditions_loop(prior, z0, owner, init, **kw)
     assert batched.shape == init.shape and (batched - init).abs().max() > 0.05  # it learned
     torch.testing.assert_close(batched, looped, atol=1e-5, rtol=1e-4)
     # a condition's draws are its own: another seed changes them
@@ -606,6 +608,7 @@ def test_fidelity_counts_the_intended_class_and_the_clients_own_domain():
 
 def test_condition_diagnostic_runs_each_learner_and_refuses_a_bad_setting(prior, shard, monkeypatch):
     from experiments import espresso_conditions as ec
+    from experiments.espresso_condition_learners import LEARNERS
 
     class Reader(torch.nn.Module):  # reads every image as class 0, domain 0 (photo: the shard's domain)
         def __init__(self):
@@ -617,12 +620,18 @@ def test_condition_diagnostic_runs_each_learner_and_refuses_a_bad_setting(prior,
 
     cfg = parse_run_config({"method": "espresso", **FAST})
     prompts = class_prompts(DATASET, shard.info.class_names)
+    uploads, real_upload = [], client.espresso_upload  # the learner each upload is handed
+    monkeypatch.setattr(client, "espresso_upload",
+                        lambda *a, **k: uploads.append(k["learner"]) or real_upload(*a, **k))
     for text in ("2:0.05:1", "2:0.01:4:minibatch"):
         [row] = ec.run_setting(ec.parse_setting(text), cfg, prior, [shard], prompts,
                                {"class": Reader(), "domain": Reader()},
                                ["photo", "sketch", "clipart", "quickdraw"], seed=0)
         assert row["domain_fidelity"] == 1.0 and row["class_fidelity"] == pytest.approx(1 / 10)  # 3 per class
         assert len(row["client_seconds"]) == 1 and (row["init"], row["sampler"]) == ("gaussian", "ddim")
+    # each setting's learner is passed in (never patched into clients/espresso.py): batched is production's
+    assert uploads == [client.learn_conditions, LEARNERS["minibatch"]] and uploads[1] is not uploads[0]
+    uploads.clear()
     # --inits gaussian gmm: one upload (with its GMM), synthesised from once per init, one row each
     import strategies.espresso as server
 
@@ -630,14 +639,12 @@ def test_condition_diagnostic_runs_each_learner_and_refuses_a_bad_setting(prior,
     monkeypatch.setattr(server, "synthesize_client",
                         lambda prior_, up, opts, *a: seen.append((opts.init, opts.sampler, "gmm_means" in up))
                         or real_synthesize(prior_, up, opts, *a))
-    uploads, real_upload = [], client.espresso_upload
-    monkeypatch.setattr(client, "espresso_upload", lambda *a, **k: uploads.append(1) or real_upload(*a, **k))
     rows = ec.run_setting(ec.parse_setting("2:0.05:1"), cfg, prior, [shard], prompts,
                           {"class": Reader(), "domain": Reader()}, ["photo", "sketch", "clipart", "quickdraw"],
                           seed=0, inits=("gaussian", "gmm"), sampler="zigzag")
     assert [(r["init"], r["sampler"]) for r in rows] == [("gaussian", "zigzag"), ("gmm", "zigzag")]
-    assert len(uploads) == 1 and seen == [("gaussian", "zigzag", True), ("gmm", "zigzag", True)]
-    assert client.learn_conditions.__name__ == "learn_conditions"  # the diagnostic put the learner back
+    assert seen == [("gaussian", "zigzag", True), ("gmm", "zigzag", True)]
+    assert uploads == [client.learn_conditions]  # one upload
     few = {k: {**v, "num_steps": v["num_steps"] // 5} for k, v in ec.SAMPLERS.items() if "trailing" in k}
     rows = ec.sampler_rows(prior, prompts, {"class": Reader(), "domain": Reader()}, 20, 3.0, 0, few)
     assert all(r["class_fidelity"] == pytest.approx(0.1) and r["domains_read"] == [20, 0, 0, 0] for r in rows.values())

@@ -13,6 +13,7 @@ from safetensors.torch import load_file
 
 from fedapp.config import all_defaults, parse_run_config
 from fedapp.models.prior import ensure_prior_built, load_prior, resolve_prior, tiny_prior_missing
+from fedapp.models.prior.samplers import SamplerSettings
 from fedapp.models.prior.tiny import TEST_CONFIG, build_tiny_prior, packaged
 from fedapp.models.prior.tiny.config import TEST_VAE_CONFIG
 
@@ -67,8 +68,9 @@ def test_installing_a_packaged_copy_fills_the_cache_with_a_prior_that_samples_li
     assert all(p.dtype == torch.float32 for p in b.unet.parameters())  # float16 files, float32 modules
     noise = torch.randn(3, *a.latent_shape, generator=torch.Generator().manual_seed(0))
     cond = a.encode_prompts(["a photo of the digit three"] * 3)
-    x_a = a.sample(noise, cond, num_steps=5, guidance=2.0).images
-    x_b = b.sample(noise, b.encode_prompts(["a photo of the digit three"] * 3), num_steps=5, guidance=2.0).images
+    x_a = a.sample(noise, cond, SamplerSettings(num_steps=5, guidance=2.0)).images
+    x_b = b.sample(noise, b.encode_prompts(["a photo of the digit three"] * 3),
+                   SamplerSettings(num_steps=5, guidance=2.0)).images
     assert x_a.shape == x_b.shape == (3, 3, 32, 32)
     assert float((x_a - x_b).abs().max()) < 0.05 and not torch.equal(x_a, x_b)  # float16 rounding, no more
 

@@ -5,6 +5,7 @@ import torch
 from diffusers import DDIMScheduler
 
 from fedapp.models.prior import Prior, diffusion_target
+from fedapp.models.prior.samplers import SamplerSettings
 from fedapp.models.prior.tiny import TEST_CONFIG, random_tiny_prior
 
 PROMPT = "a photo of the digit three"
@@ -27,7 +28,7 @@ def test_shapes_and_conditions(prior):
     with pytest.raises(ValueError, match="condition of shape"):
         prior.condition(torch.zeros(2, L, D + 1), 2)
     with pytest.raises(ValueError, match="sampler"):
-        prior.sample(1, PROMPT, sampler="euler")
+        prior.sample(1, PROMPT, SamplerSettings(sampler="euler"))
 
 
 def test_v_prediction_is_converted_to_eps(prior):

@@ -8,7 +8,7 @@ from diffusers import DDIMScheduler, PNDMScheduler, StableDiffusionPipeline
 
 from fedapp.models.prior import load_prior
 from fedapp.models.prior.sd_layout import random_sd_pipeline
-from fedapp.models.prior.samplers import expected_unet_evals
+from fedapp.models.prior.samplers import SamplerSettings, expected_unet_evals
 
 PROMPTS = ["a photo of the digit three", "a photo of the digit seven"]
 
@@ -47,10 +47,10 @@ def test_encode_sample_decode_shapes(sd):
     cond = prior.encode_prompts(PROMPTS)
     assert cond.shape == (2, 77, 32)
     for c in (PROMPTS, cond):  # prompts, and raw condition embeddings bypassing the text encoder
-        out = prior.sample(torch.randn(2, 4, 16, 16), c, num_steps=4, guidance=3.0)
+        out = prior.sample(torch.randn(2, 4, 16, 16), c, SamplerSettings(num_steps=4, guidance=3.0))
         assert out.images.shape == (2, 3, 32, 32) and out.latents.shape == (2, 4, 16, 16)
         assert torch.isfinite(out.images).all() and out.unet_evals == 8
-    zz = prior.sample(2, cond, num_steps=5, guidance=3.0, sampler="zigzag", zigzag_t=600,
+    zz = prior.sample(2, cond, SamplerSettings(num_steps=5, guidance=3.0, sampler="zigzag", zigzag_t=600),
                       generator=torch.Generator().manual_seed(0))
     assert zz.unet_evals == expected_unet_evals(5, 600, 3.0, 0.0, steps_offset=1)
     assert torch.isfinite(zz.images).all()
@@ -66,7 +66,7 @@ def test_sampling_matches_stable_diffusion_pipeline_with_ddim(sd):
     prior = load_prior(folder)
     pipe.scheduler = DDIMScheduler.from_config(pipe.scheduler.config, clip_sample=False)  # as SD-1.5's file says
     noise = torch.randn(2, 4, 16, 16, generator=torch.Generator().manual_seed(1))
-    ours = prior.sample(noise, PROMPTS, num_steps=5, guidance=4.0)
+    ours = prior.sample(noise, PROMPTS, SamplerSettings(num_steps=5, guidance=4.0))
     theirs = pipe(PROMPTS, num_inference_steps=5, guidance_scale=4.0, latents=noise.clone(), output_type="latent",
                   eta=0.0).images
     assert torch.allclose(ours.latents, theirs, atol=1e-4, rtol=1e-4)

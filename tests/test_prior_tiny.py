@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fedapp.models.prior import load_prior, prior_from_records, prior_to_records
+from fedapp.models.prior.samplers import SamplerSettings
 from fedapp.models.prior.tiny import TEST_CONFIG, build_tiny_prior, build_tokenizer, tiny_prior_path
 from fedapp.models.text import class_prompts
 
@@ -60,7 +61,7 @@ def test_load_round_trip(built):
     assert prior.clip_sample == 1.0  # pixel space clips x0 to [-1, 1]
     x = torch.rand(2, 3, 16, 16) * 2 - 1
     assert torch.equal(prior.encode_images(x), x)  # pixel space: identity
-    out = prior.sample(2, class_prompts("digits", NAMES)[:2], num_steps=3, guidance=2.0,
+    out = prior.sample(2, class_prompts("digits", NAMES)[:2], SamplerSettings(num_steps=3, guidance=2.0),
                        generator=torch.Generator().manual_seed(0))
     assert out.images.shape == (2, 3, 16, 16) and torch.isfinite(out.images).all()
     # saving the loaded prior again gives a folder that loads to the same weights

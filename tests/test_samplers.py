@@ -2,6 +2,7 @@
 
 All models here are tiny random networks (never the cached trained prior)."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
@@ -9,7 +10,7 @@ import torch
 from diffusers import DDIMScheduler
 
 from fedapp.models.prior import Prior, samplers
-from fedapp.models.prior.samplers import expected_unet_evals
+from fedapp.models.prior.samplers import SamplerSettings, expected_unet_evals
 from fedapp.models.prior.tiny import TEST_CONFIG, random_tiny_prior
 
 PROMPT = "a photo of the digit three"
@@ -98,7 +99,7 @@ def test_invert_then_denoise_returns_start_on_random_unet(base):
         errs = {}
         for n in (20, 50):
             zT = samplers.ddim_invert_loop(p, z0, cond, n)
-            out = p.sample(zT, cond, num_steps=n, guidance=1.0)
+            out = p.sample(zT, cond, SamplerSettings(num_steps=n, guidance=1.0))
             errs[n] = (out.latents - z0).abs().max().item()
             assert out.unet_evals == n
         assert errs[50] < 2e-2
@@ -136,7 +137,7 @@ def test_invert_then_denoise_on_exact_denoiser_pixel_schedule(base):
     for n in (50, 100, 500):
         zT = samplers.ddim_invert_loop(p, z0, cond, n)
         assert abs(zT.std().item() - 1) < 0.1  # inverted to (near) standard noise
-        errs[n] = (p.sample(zT, cond, num_steps=n, guidance=1.0).latents - z0).abs().max().item()
+        errs[n] = (p.sample(zT, cond, SamplerSettings(num_steps=n, guidance=1.0)).latents - z0).abs().max().item()
     assert errs[100] < 0.6 * errs[50]
     assert errs[500] < 2.5e-2
 
@@ -144,8 +145,8 @@ def test_invert_then_denoise_on_exact_denoiser_pixel_schedule(base):
 @pytest.mark.parametrize("num_steps,zigzag_t,g1,g2", [
     (25, 800, 4.0, 0.0), (10, 500, 4.0, 2.0), (8, 300, 3.0, 1.0), (5, 0, 1.0, 0.0), (10, 1000, 4.0, 0.0)])
 def test_zigzag_spends_exactly_the_scheduled_evals(base, num_steps, zigzag_t, g1, g2):
-    out = base.sample(3, PROMPT, num_steps=num_steps, guidance=g1, sampler="zigzag", zigzag_t=zigzag_t, gamma2=g2,
-                      generator=torch.Generator().manual_seed(0))
+    out = base.sample(3, PROMPT, SamplerSettings(num_steps=num_steps, guidance=g1, sampler="zigzag", zigzag_t=zigzag_t,
+                                                 gamma2=g2), generator=torch.Generator().manual_seed(0))
     assert out.unet_evals == expected_unet_evals(num_steps, zigzag_t, g1, g2)
     assert out.images.shape == (3, 3, 16, 16) and torch.isfinite(out.images).all()
 
@@ -173,8 +174,9 @@ def _spy(monkeypatch, prior, name):
 @pytest.mark.parametrize("convention", ["paper", "official"])
 def test_number_of_zigzags_equals_the_steps_above_Tz(base, monkeypatch, num_steps, zigzag_t, spacing, convention):
     inversions = _spy(monkeypatch, base, "ddim_invert_step")
-    base.sample(1, PROMPT, num_steps=num_steps, guidance=3.0, sampler="zigzag", zigzag_t=zigzag_t, spacing=spacing,
-                zigzag=convention, generator=torch.Generator().manual_seed(0))
+    base.sample(1, PROMPT, SamplerSettings(num_steps=num_steps, guidance=3.0, sampler="zigzag", zigzag_t=zigzag_t,
+                                           spacing=spacing, zigzag=convention),
+                generator=torch.Generator().manual_seed(0))
     above = int((base.timesteps(num_steps, spacing) > zigzag_t).sum())
     last_above = zigzag_t < int(base.timesteps(num_steps, spacing)[-1])  # only with T_z below the last step
     assert len(inversions) == above - (convention == "official" and last_above)
@@ -188,8 +190,9 @@ def test_zigzag_conventions_follow_their_equations(base, convention):
     z = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(5))
     c = base.encode_prompts([PROMPT] * 2)
     g1, g2 = 3.0, 1.0
-    out = base.sample(z, c, num_steps=2, guidance=g1, sampler="zigzag", zigzag_t=600, gamma2=g2, spacing="trailing",
-                      zigzag=convention).latents
+    settings = SamplerSettings(num_steps=2, guidance=g1, sampler="zigzag", zigzag_t=600, gamma2=g2, spacing="trailing",
+                               zigzag=convention)
+    out = base.sample(z, c, settings).latents
     with torch.no_grad():
         t, t_prev = 999, 499
         z_tilde_prev = base.ddim_step(z, base.predict_noise(z, t, c, g1), t, t_prev)
@@ -198,18 +201,18 @@ def test_zigzag_conventions_follow_their_equations(base, convention):
         z1 = base.ddim_step(z_tilde, base.predict_noise(z_tilde, t, c, g1), t, t_prev)
         want = base.ddim_step(z1, base.predict_noise(z1, t_prev, c, g1), t_prev, -1)
     torch.testing.assert_close(out, want, atol=1e-5, rtol=0)
-    other = base.sample(z, c, num_steps=2, guidance=g1, sampler="zigzag", zigzag_t=600, gamma2=g2, spacing="trailing",
-                        zigzag="official" if convention == "paper" else "paper").latents
+    other_convention = "official" if convention == "paper" else "paper"
+    other = base.sample(z, c, dataclasses.replace(settings, zigzag=other_convention)).latents
     assert (other - out).abs().max() > 1e-3  # the conventions differ
 
 
 def test_zigzag_with_tz_above_T_equals_ddim(base):
     noise = torch.randn(2, 3, 16, 16, generator=torch.Generator().manual_seed(3))
-    ddim = base.sample(noise, PROMPT, num_steps=10, guidance=3.0, sampler="ddim")
-    zz = base.sample(noise, PROMPT, num_steps=10, guidance=3.0, sampler="zigzag", zigzag_t=1000)
+    ddim = base.sample(noise, PROMPT, SamplerSettings(num_steps=10, guidance=3.0, sampler="ddim"))
+    zz = base.sample(noise, PROMPT, SamplerSettings(num_steps=10, guidance=3.0, sampler="zigzag", zigzag_t=1000))
     assert zz.unet_evals == ddim.unet_evals == expected_unet_evals(10, None, 3.0)
     assert torch.equal(zz.latents, ddim.latents)
-    zz2 = base.sample(noise, PROMPT, num_steps=10, guidance=3.0, sampler="zigzag", zigzag_t=800)
+    zz2 = base.sample(noise, PROMPT, SamplerSettings(num_steps=10, guidance=3.0, sampler="zigzag", zigzag_t=800))
     assert zz2.unet_evals > ddim.unet_evals and not torch.equal(zz2.latents, ddim.latents)
 
 

@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from fedapp.models.prior import load_prior
+from fedapp.models.prior.samplers import SamplerSettings
 from fedapp.models.prior.spec import prior_image_size, prior_up_blocks, resolve_prior
 from fedapp.models.prior.tiny import TEST_CONFIG, build_tiny_prior, tiny_prior_path
 from fedapp.models.prior.tiny.config import LATENT_CONFIG, TEST_VAE_CONFIG, TinyVaeConfig
@@ -68,7 +69,7 @@ def test_diffusers_pipeline_loads_the_folder_and_decodes_the_same_images(built):
     pipe = StableDiffusionPipeline.from_pretrained(str(folder), safety_checker=None, requires_safety_checker=False)
     assert pipe.unet.config.sample_size * pipe.vae_scale_factor == 32  # the size comes from the folder's configs
     noise = torch.randn(2, *prior.latent_shape, generator=torch.Generator().manual_seed(1))
-    ours = prior.sample(noise, PROMPTS, num_steps=5, guidance=2.0).images
+    ours = prior.sample(noise, PROMPTS, SamplerSettings(num_steps=5, guidance=2.0)).images
     theirs = pipe(PROMPTS, latents=noise.clone(), num_inference_steps=5, guidance_scale=2.0, output_type="pt",
                   height=32, width=32).images * 2 - 1  # [0, 1] -> [-1, 1]
     assert ours.shape == theirs.shape == (2, 3, 32, 32)

@@ -20,7 +20,8 @@ import torch
 from flwr.app import RecordDict
 
 from fedapp.options import AUTO, ConfigError, opt
-from fedapp.models.prior.samplers import DEFAULT_GAMMA2, DEFAULT_ZIGZAG_T, SPACINGS, ZIGZAG_CONVENTIONS
+from fedapp.models.prior.samplers import (DEFAULT_GAMMA2, DEFAULT_ZIGZAG_T, SPACINGS, ZIGZAG_CONVENTIONS,
+                                          SamplerSettings)
 from fedapp.protocols import EVALUATE, METRICS_KEY, NUM_EXAMPLES_KEY, Phase, ShardFacts
 from fedapp.protocols.records import check_arrays, check_at_most, check_float, check_integer, tensors_of
 
@@ -130,6 +131,14 @@ class EspressoOptions:
         if self.mixup_pairs * self.diffusions_per_latent < self.gmm_components:
             raise ConfigError(f"espresso.mixup-pairs={self.mixup_pairs!r}: mixup-pairs x diffusions-per-latent "
                               f"must be >= espresso.gmm-components={self.gmm_components}")
+
+    def sampler_settings(self) -> SamplerSettings:
+        """The server's sampler (espresso.sampler, steps, spacing, gamma1, zigzag-t, gamma2, zigzag) as Prior.sample
+        takes it; gamma1 must be resolved first (guidance(): `auto` is the prior's own)."""
+        if self.gamma1 == AUTO:
+            raise ValueError("espresso.gamma1='auto': resolve it (protocols.espresso.guidance) before sampling")
+        return SamplerSettings(sampler=self.sampler, num_steps=self.steps, guidance=self.gamma1,
+                               spacing=self.spacing, zigzag_t=self.zigzag_t, gamma2=self.gamma2, zigzag=self.zigzag)
 
 
 # ---- validation of an upload ---------------------------------------------------------------------

@@ -22,7 +22,7 @@ import torch
 from torch.nn import functional as F
 
 from . import samplers
-from .samplers import DEFAULT_GAMMA2, DEFAULT_GUIDANCE, DEFAULT_ZIGZAG_T
+from .samplers import SamplerSettings
 
 Condition = torch.Tensor | list[str] | str
 
@@ -274,14 +274,13 @@ class Prior:
 
     # ---- sampling ------------------------------------------------------------------------------
     @torch.no_grad()
-    def sample(self, noise: torch.Tensor | int, cond: Condition, uncond: Condition | None = None,
-               num_steps: int = 25, guidance: float = DEFAULT_GUIDANCE, sampler: str = "ddim",
-               zigzag_t: int = DEFAULT_ZIGZAG_T, gamma2: float = DEFAULT_GAMMA2,
-               generator: torch.Generator | None = None, spacing: str = "leading",
-               zigzag: str = "paper") -> SampleResult:
+    def sample(self, noise: torch.Tensor | int, cond: Condition, settings: SamplerSettings = SamplerSettings(), *,
+               uncond: Condition | None = None, generator: torch.Generator | None = None) -> SampleResult:
         """z_T = noise (a tensor (B, *latent_shape), or a batch size drawn with `generator`) -> images.
-        cond: prompts or raw condition embeddings (B|1, L, D); guidance is gamma1 for "zigzag";
-        spacing: samplers.SPACINGS; zigzag: Z-sampling's convention, samplers.ZIGZAG_CONVENTIONS."""
+        cond: prompts or raw condition embeddings (B|1, L, D); `settings`: the sampler, its steps, spacing and
+        guidance (samplers.SamplerSettings; its guidance is gamma1 for "zigzag"); uncond: the guidance's
+        negative condition (default: the empty prompt)."""
+        s = settings
         if isinstance(noise, int):
             noise = torch.randn(noise, *self.latent_shape, generator=generator)
         z = noise.to(self.device, self.dtype)
@@ -289,12 +288,13 @@ class Prior:
         cond = self.condition(cond, batch)
         uncond = None if uncond is None else self.condition(uncond, batch)
         rows0 = self.unet_rows
-        if sampler == "ddim":
-            z0 = samplers.ddim_loop(self, z, cond, uncond, num_steps, guidance, spacing)
-        elif sampler == "zigzag":
-            z0 = samplers.zigzag_loop(self, z, cond, uncond, num_steps, guidance, gamma2, zigzag_t, spacing, zigzag)
+        if s.sampler == "ddim":
+            z0 = samplers.ddim_loop(self, z, cond, uncond, s.num_steps, s.guidance, s.spacing)
+        elif s.sampler == "zigzag":
+            z0 = samplers.zigzag_loop(self, z, cond, uncond, s.num_steps, s.guidance, s.gamma2, s.zigzag_t, s.spacing,
+                                      s.zigzag)
         else:
-            raise ValueError(f"sampler={sampler!r}: allowed 'ddim', 'zigzag'")
+            raise ValueError(f"sampler={s.sampler!r}: allowed 'ddim', 'zigzag'")
         return SampleResult(self.decode_latents(z0), z0, (self.unet_rows - rows0) // batch)
 
     # ---- saving --------------------------------------------------------------------------------

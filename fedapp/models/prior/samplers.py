@@ -45,6 +45,8 @@ T - 1, the top of the schedule the model was trained on, for every N; Lin et al.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 DEFAULT_GUIDANCE = 3.0  # gamma1: the best of 1..5 for the tiny digit-styles prior (docs/priors.md); SD uses ~7.5
@@ -52,6 +54,22 @@ DEFAULT_GAMMA2 = 0.0  # gamma2 of the inversion step (Z-sampling paper: uncondit
 DEFAULT_ZIGZAG_T = 800  # T_z (Espresso)
 SPACINGS = ("leading", "trailing")
 ZIGZAG_CONVENTIONS = ("paper", "official")
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """How Prior.sample turns z_T into images: the loop (`sampler`: ddim | zigzag), its `num_steps` timesteps of
+    `spacing` (SPACINGS), the guidance gamma1 of every denoising step, and Z-sampling's T_z (`zigzag_t`), inversion
+    guidance `gamma2` and convention (`zigzag`: ZIGZAG_CONVENTIONS). Espresso builds it once from its options
+    (EspressoOptions.sampler_settings)."""
+
+    sampler: str = "ddim"
+    num_steps: int = 25
+    guidance: float = DEFAULT_GUIDANCE
+    spacing: str = "leading"
+    zigzag_t: int = DEFAULT_ZIGZAG_T
+    gamma2: float = DEFAULT_GAMMA2
+    zigzag: str = "paper"
 
 
 def leading_timesteps(num_steps: int, num_train_timesteps: int = 1000, steps_offset: int = 0) -> torch.Tensor:
