@@ -7,8 +7,8 @@ every local step adds, on z_i (the model's embedding, or a projection head on it
   TDCL  L_TDCL = log(1 + sum_{j≠pos} exp(s(z_i, F~_{i,j})/tau) / exp(s(z_i, F~_{i,pos})/tau))
                = cross-entropy of the prompt logits s(z_i, F~_{i,·})/tau with target pos,
         s the cosine similarity; pos = the sample's own class prompt, negatives the other classes'.
-  NDCR  L_NDCR = sum_{q=1..d} (z_{i(q)} - H~_{i(q)})^2, batch mean (feddifrc.ndcr-form: on unit-normalised
-        vectors by default, as the official code normalises both; raw; or the official code's KL form).
+  NDCR  L_NDCR = sum_{q=1..d} (z_{i(q)} - H~_{i(q)})^2, batch mean (feddifrc.ndcr-form: the official code's KL
+        form by default; the paper's sum of squares on unit-normalised vectors; or on raw vectors).
 
 Self-supervised variant (feddifrc.labels = false): the positive prompt is "a photo of a similar
 object", the negatives are all class prompts (the label is unknown, so none can be excluded), and

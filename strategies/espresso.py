@@ -20,8 +20,9 @@ fixed switches: `prompts` (class prompt, Gaussian noise, DDIM) and `class-embed`
 condition per class, FedDEO-like, Gaussian noise, DDIM).
 
 The prior: the server loads it (`prior` key; the built-in `tiny` is built on first use) and ships the
-built-in one to the clients in the `train` message (an ArrayRecord of its weights, which Flower
-chunks); a folder or hub prior every node loads from its own disk or cache.
+built-in one to the nodes that lack it in `query.prior` waves before training (asked by its digest; an
+ArrayRecord of its weights, which Flower chunks); the `train` message only names that digest. A folder or
+hub prior every node loads from its own disk or cache.
 The message protocol (keys, upload schema, validation) is fedapp/protocols/espresso.py.
 """
 

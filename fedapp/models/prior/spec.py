@@ -187,8 +187,9 @@ SD_GUIDANCE = 7.5  # diffusers' StableDiffusionPipeline default guidance_scale
 
 
 def prior_guidance(spec: str | Path, dataset: str | None = None, cache_dir: str | Path | None = None) -> float:
-    """The prior's own classifier-free guidance scale: a built-in tiny prior's measured best
-    (samplers.DEFAULT_GUIDANCE, docs/priors.md), Stable Diffusion's 7.5 for any other pipeline."""
+    """The prior's own classifier-free guidance scale: samplers.DEFAULT_GUIDANCE for a
+    built-in tiny prior (one scale for every build; docs/priors.md has each build's readings by scale),
+    Stable Diffusion's 7.5 for any other pipeline."""
     from .samplers import DEFAULT_GUIDANCE
 
     src = resolve_prior(spec, dataset, cache_dir)
