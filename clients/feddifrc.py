@@ -47,6 +47,12 @@ _SHARED: dict[str, dict] = {}  # basis_key -> {"basis": TargetBasis, (prompt, ro
 _BASES: dict[str, T.TargetBasis] = {}  # basis_key -> basis
 
 
+def share_targets(enabled: bool) -> None:
+    """Turn the process-wide target memo (SHARE_TARGETS) on or off: the in-process table runners' switch."""
+    global SHARE_TARGETS
+    SHARE_TARGETS = bool(enabled)
+
+
 @dataclass
 class DiffusionTargets:
     """The frozen targets of one client, row i = shard.train sample i."""

@@ -322,7 +322,7 @@ def main(argv: list[str]) -> None:
 
     torch.set_num_threads(a.threads)
     quiet_logs()
-    fdr.SHARE_TARGETS = a.backend == "inprocess"
+    fdr.share_targets(a.backend == "inprocess")
     shared_path = Path(a.runs_dir) / "shared-targets.pt"
     if fdr.SHARE_TARGETS:
         load_shared_targets(shared_path)

@@ -75,7 +75,7 @@ def main(argv: list[str]) -> None:
     from fedapp.client_context import ClientContext
     from fedapp.config import all_defaults, parse_run_config
 
-    fdr.SHARE_TARGETS = True
+    fdr.share_targets(True)
     load_shared_targets(Path(a.runs_dir) / "shared-targets.pt")
     cfg = parse_run_config({**all_defaults(), "method": "feddifrc", "dataset": a.dataset, "prior": a.prior,
                             "partitioner.name": "dirichlet", "partitioner.alpha": a.alpha, "partitioner.per-class": 0,

@@ -299,10 +299,7 @@ def test_experiments_and_benchmarks_never_patch_production_code():
             hits = [target for _, target in _patches_of_production(ast.parse(path.read_text()))]
             if hits:
                 offenders[str(path.relative_to(ROOT))] = hits
-    # KNOWN, not yet removed: the FedDifRC table turns clients/feddifrc.py's process-wide target memo on by
-    # assigning its module flag (an injection point for it is still to be made); nothing may join this list
-    assert offenders == {"experiments/feddifrc.py": ["fdr.SHARE_TARGETS"],
-                         "experiments/feddifrc_signal.py": ["fdr.SHARE_TARGETS"]}
+    assert offenders == {}  # the FedDifRC tables switch the target memo through clients.feddifrc.share_targets
     # the check sees the patch experiments/espresso_conditions.py once made, and the other spellings
     patched = _patches_of_production(ast.parse(
         "from clients import espresso as client\nimport strategies.espresso\nfrom fedapp.server import ServerRun\n"

@@ -350,3 +350,16 @@ def test_the_class_signal_of_targets_is_nil_when_prompts_do_not_move_them_and_fu
     sep = signal_figures(apart, pos, apart[torch.arange(n), pos], tau=0.04)
     assert sep["tdcl_floor"] < 0.01 and sep["cos_own_other"] < 0.1
     assert sep["prompt_accuracy"] == 1.0 and flat["probe_accuracy_H"] <= 0.6 < sep["probe_accuracy_H"] == 1.0
+
+
+def test_share_targets_is_the_one_switch_of_the_process_wide_target_memo():
+    import clients.feddifrc as fdr
+
+    before = fdr.SHARE_TARGETS
+    try:
+        fdr.share_targets(1)
+        assert fdr.SHARE_TARGETS is True
+        fdr.share_targets(False)
+        assert fdr.SHARE_TARGETS is False
+    finally:
+        fdr.share_targets(before)
