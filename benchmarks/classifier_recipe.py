@@ -22,6 +22,7 @@ from torch.nn import functional as F
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from experiments.cli import common_args, pin_threads  # noqa: E402
 from fedapp.models.classifier import build_classifier  # noqa: E402
 
 MODELS = ("cnn-gap", "cnn")  # the baseline first
@@ -50,15 +51,15 @@ def images_per_second(model: str, size: int, batch: int, steps: int, repeats: in
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                parents=[common_args(threads=torch.get_num_threads())])
     p.add_argument("--sizes", type=int, nargs="+", default=[28, 16])
     p.add_argument("--batches", type=int, nargs="+", default=[16, 64])
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=torch.get_num_threads())
     p.add_argument("--models", nargs="+", default=list(MODELS), help="built-in classifiers; the first is the baseline")
     a = p.parse_args()
-    torch.set_num_threads(a.threads)
+    pin_threads(a.threads)
     base, models = a.models[0], a.models
     params = {m: sum(t.numel() for t in build_classifier(m, 10).parameters()) for m in models}
     print("parameters: " + ", ".join(f"{m} {n:,}" for m, n in params.items()) + f"; {a.threads} threads")

@@ -25,6 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from clients.espresso import learn_conditions
+from experiments.cli import common_args, pin_threads
 from experiments.espresso_condition_learners import learn_conditions_loop, learn_conditions_minibatch
 from fedapp.models.prior.tiny import TinyPriorConfig, random_tiny_prior
 
@@ -36,15 +37,14 @@ def timed(fn, *args, **kw) -> tuple[torch.Tensor, float]:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[common_args(threads=1)])
     p.add_argument("--classes", type=int, default=10)
     p.add_argument("--per-class", type=int, default=16)
     p.add_argument("--clusters", type=int, default=4)
     p.add_argument("--steps", type=int, default=20, help="Adam steps timed (seconds scale linearly with steps)")
     p.add_argument("--batch", type=int, default=1, help="images per condition per step (espresso.embed-batch)")
-    p.add_argument("--threads", type=int, default=1)
     a = p.parse_args()
-    torch.set_num_threads(a.threads)
+    pin_threads(a.threads)
     prior = random_tiny_prior(TinyPriorConfig(), dataset="digit-styles")
     n = a.classes * a.per_class
     z0 = torch.randn(n, *prior.latent_shape, generator=torch.Generator().manual_seed(0))

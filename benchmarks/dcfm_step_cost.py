@@ -23,6 +23,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from clients.dcfm import train_expert  # noqa: E402
+from experiments.cli import common_args, pin_threads  # noqa: E402
 from fedapp.models.compose import build_velocity  # noqa: E402
 from strategies.dcfm import distill_student  # noqa: E402
 
@@ -62,13 +63,12 @@ def step_seconds(kw: dict, steps: int, x: torch.Tensor, y: torch.Tensor) -> floa
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], parents=[common_args(threads=1)])
     ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--ci-batch", type=int, default=16)
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
+    pin_threads(a.threads)
     x, y = data()
     todo = cases(a.ci_batch)
     times: dict[str, list[float]] = {name: [] for name in todo}

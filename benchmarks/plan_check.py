@@ -24,6 +24,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from experiments.cli import common_args, pin_threads  # noqa: E402
+
 CASES = {
     "espresso": {"method": "espresso", "espresso.steps": 4, "espresso.embed-steps": 15, "espresso.ratio": 1.5,
                  "server-epochs": 5},
@@ -77,15 +79,14 @@ def report(r: dict) -> bool:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    shared = common_args(threads=0, helps={"threads": "torch threads for plan and run alike (0: torch's default)"})
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[shared])
     ap.add_argument("--cases", nargs="+", default=list(CASES), choices=list(CASES))
     ap.add_argument("--clients", type=int, default=4)
-    ap.add_argument("--threads", type=int, default=None, help="torch threads for plan and run alike")
     a = ap.parse_args(argv)
     import torch
 
-    if a.threads:
-        torch.set_num_threads(a.threads)
+    pin_threads(a.threads)
     print(f"torch threads {torch.get_num_threads()}, {a.clients} clients")
     results = [check(c, CASES[c], a.clients) for c in a.cases]
     passed = [report(r) for r in results]

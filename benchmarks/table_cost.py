@@ -24,6 +24,7 @@ import torch
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from experiments.cli import common_args, pin_threads  # noqa: E402
 from fedapp.models.compose import build_velocity  # noqa: E402
 from fedapp.models.ddpm import build_ddpm  # noqa: E402
 from fedapp.models.flow import fm_loss  # noqa: E402
@@ -92,11 +93,10 @@ BACKBONES = {"pfdm": (ddpm_step, 8, "DDPM UNet (16, 32), train step at batch 64"
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0], parents=[common_args(threads=2)])
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
-    torch.set_num_threads(a.threads)
+    pin_threads(a.threads)
     torch.manual_seed(0)
     print("| method | backbone | s at the table's size | s at 28 px | ratio | table's recorded run time "
           "| projected at 28 px |")

@@ -18,6 +18,8 @@ import time
 
 import torch
 
+from experiments.cli import common_args, pin_threads
+
 
 def pixel_prior(image_size: int):
     from fedapp.models.prior.tiny import random_tiny_prior
@@ -65,14 +67,13 @@ def time_sample(prior, batch: int, steps: int, guidance: float) -> tuple[float, 
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], parents=[common_args(threads=1)])
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--steps", type=int, default=25)
     p.add_argument("--guidance", type=float, default=3.0)
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--threads", type=int, default=1)
     a = p.parse_args()
-    torch.set_num_threads(a.threads)
+    pin_threads(a.threads)
     priors = {"pixel tiny, 16 px": pixel_prior(16), "tiny-sd, 32 px (8x8x4 latents)": latent_prior(),
               "pixel tiny, 28 px": pixel_prior(28)}
     times: dict[str, list[tuple[float, float]]] = {name: [] for name in priors}

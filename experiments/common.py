@@ -355,12 +355,9 @@ def write_sweep(path: Path, result: dict[str, Any], new_seeds: dict[str, Any],
         atomic_write_json(path, result)
 
 
-def add_sweep_arguments(p: Any, seeds: str) -> None:
-    """The options every budget sweep shares (pfdm-budget, dcfm-budget)."""
+def add_sweep_arguments(p: Any) -> None:
+    """The option every budget sweep adds to the shared ones (pfdm-budget, dcfm-budget)."""
     p.add_argument("--ref-epochs", type=int, default=8, help="epochs of the readers (fedapp.readers)")
-    p.add_argument("--seeds", default=seeds)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default="docs/results")
 
 
 def checkpoint_steps(text: str) -> list[int]:

@@ -20,8 +20,9 @@ from typing import Any
 
 import torch
 
-from experiments.common import (add_sweep_arguments, all_converged, check_cpu_budget, checkpoint_steps,
-                                generative_verdict, prog, quiet_logs, run_sweep)
+from experiments.cli import common_args, pin_threads
+from experiments.common import (add_sweep_arguments, all_converged, checkpoint_steps, generative_verdict, prog,
+                                quiet_logs, run_sweep)
 
 def training_data(a, seed: int):
     """(x, y) the net trains on, the pairs it saw, and the server split (readers, novel pairs)."""
@@ -146,8 +147,8 @@ def plot(result: dict[str, Any], path: Path) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog("dcfm-budget"), description=__doc__.split("\n")[0])
-    p.add_argument("--dataset", default="colored-mnist")
+    shared = common_args(dataset="colored-mnist", seeds="0", out="docs/results", threads=1)
+    p = argparse.ArgumentParser(prog=prog("dcfm-budget"), description=__doc__.split("\n")[0], parents=[shared])
     p.add_argument("--image-size", type=int, default=16)
     p.add_argument("--clients", type=int, default=5)
     p.add_argument("--split", choices=("non-iid", "iid"), default="non-iid")
@@ -161,7 +162,7 @@ def parser() -> argparse.ArgumentParser:
                    help="samples of the minibatch the L_CI term is estimated on (0: all; dcfm.ci-batch)")
     p.add_argument("--samples-per-pair", type=int, default=30)
     p.add_argument("--sample-steps", type=int, default=16)
-    add_sweep_arguments(p, seeds="0")
+    add_sweep_arguments(p)
     return p
 
 
@@ -171,8 +172,7 @@ def main(argv: list[str]) -> None:
     if a.train != "pooled" and not (a.train.startswith("client") and a.train[6:].isdigit()
                                     and int(a.train[6:]) < a.clients):
         raise SystemExit(f"--train={a.train!r}: must be pooled or client<k> with k < --clients ({a.clients})")
-    check_cpu_budget(1, a.threads)
-    torch.set_num_threads(a.threads)
+    pin_threads(a.threads)
     quiet_logs()
     setup = {k: v for k, v in vars(a).items() if k not in ("seeds", "threads", "out")}
     path = result_path(a)

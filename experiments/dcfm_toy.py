@@ -30,7 +30,8 @@ from clients.dcfm import train_expert
 from fedapp.models.compose import NULL, composite_field, generate, joint_field, mixture_composite
 from fedapp.models.flow import VectorVelocityNet, sample_path
 from fedapp.protocols.dcfm import DcfmOptions
-from experiments.common import check_cpu_budget, prog
+from experiments.cli import common_args, pin_threads
+from experiments.common import prog
 from fedapp.results import atomic_write_json
 
 CENTRE = 2.0  # modes at (±2, ±2)
@@ -261,7 +262,8 @@ def positive(text: str) -> int:
 
 def parse(argv: list[str]) -> argparse.Namespace:
     """Every argument is checked here, before anything runs or is written (--help exits here too)."""
-    p = argparse.ArgumentParser(prog=prog("dcfm-toy"), description=__doc__.split("\n")[0])
+    shared = common_args(out="docs/results", threads=1, helps={"out": "folder for dcfm_toy.png and dcfm_toy.json"})
+    p = argparse.ArgumentParser(prog=prog("dcfm-toy"), description=__doc__.split("\n")[0], parents=[shared])
     p.add_argument("--steps", type=positive, default=400, help="Stage I steps per expert (fedflow: over all rounds)")
     p.add_argument("--fl-rounds", type=positive, default=20, help="fedflow's FedAvg rounds")
     p.add_argument("--distill-steps", type=positive, default=800, help="DCFM-B: student steps")
@@ -283,10 +285,7 @@ def parse(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--sweep", type=floats, default=[], help="lambdas to run DCFM-A and -B at first, e.g. 1,3,10,30")
     p.add_argument("--sweep-seeds", type=positive, default=3, help="seeds 0..N-1 of the sweep")
     p.add_argument("--methods", default=",".join(METHODS), help=f"subset of {','.join(METHODS)}")
-    p.add_argument("--out", default="docs/results", help="folder for dcfm_toy.png and dcfm_toy.json")
-    p.add_argument("--threads", type=positive, default=1, help="torch threads")
     a = p.parse_args(argv)
-    check_cpu_budget(1, a.threads)
     a.methods = tuple(a.methods.split(","))
     bad = [m for m in a.methods if m not in METHODS]
     if bad:
@@ -321,7 +320,7 @@ def toy_verdict(table: dict) -> dict:
 
 def main(argv: list[str]) -> None:
     a = parse(argv)
-    torch.set_num_threads(a.threads)
+    pin_threads(a.threads)
     t0 = time.time()
     settings = dict(steps=a.steps, fl_rounds=a.fl_rounds, distill_steps=a.distill_steps, rounds=a.rounds,
                     peer_steps=a.peer_steps, n=a.points, pi=tuple(a.pi), routes_per_batch=a.routes_per_batch,

@@ -40,9 +40,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.common import (accuracy_curve, all_converged, check_configs, check_cpu_budget,
-                                classification_verdict, config_errors_exit, paired_difference, paired_text,
-                                parse_set, prog, quiet_logs)
+from experiments.cli import common_args, pin_threads
+from experiments.common import (accuracy_curve, all_converged, check_configs, classification_verdict,
+                                config_errors_exit, paired_difference, paired_text, parse_set, prog, quiet_logs)
 from fedapp.results import atomic_write_json
 
 ROWS = [  # name, method, switches (conditions, init, sampler); None: trained on real data (ceiling, FedAvg)
@@ -276,8 +276,7 @@ def run_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> t
 
 
 def timed_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) -> tuple[int, dict, dict]:
-    if args.threads:  # again: a spawned worker starts with torch's default
-        torch.set_num_threads(args.threads)
+    pin_threads(args.threads, args.jobs)  # again: a spawned worker starts with torch's default
     quiet_logs()
     t0 = time.time()
     print(f"seed {seed}", flush=True)
@@ -417,8 +416,11 @@ def image_grids(images: dict, num_classes: int, out: Path, panels=("Prompts-only
 
 
 def main(argv: list[str]) -> None:
+    shared = common_args(set=[], out="docs/results", runs="runs/espresso-ablation", threads=0,
+                         helps={"set": "run-config overrides, e.g. espresso.steps=10 model=resnet18",
+                                "out": "folder for the JSON and PNGs"})
     p = argparse.ArgumentParser(prog=prog("espresso-ablation"), description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, parents=[shared])
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--per-class", type=int, default=16)
@@ -426,10 +428,6 @@ def main(argv: list[str]) -> None:
                    help="subset of rows")
     p.add_argument("--fedavg-rounds", type=int, default=30,
                    help="rounds of the FedAvg reference row (local epochs: the run config's local-epochs)")
-    p.add_argument("--set", nargs="*", default=[], help="run-config overrides, e.g. espresso.steps=10 model=resnet18")
-    p.add_argument("--out", default="docs/results", help="folder for the JSON and PNGs")
-    p.add_argument("--runs", default="runs/espresso-ablation", help="folder of the runs' own folders")
-    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default)")
     p.add_argument("--resume", action="store_true",
                    help="skip seeds already in the JSON file, and rows of a stopped seed already finished")
     p.add_argument("--fidelity", action="store_true",
@@ -441,13 +439,11 @@ def main(argv: list[str]) -> None:
                         "(default: each seed its own)")
     p.add_argument("--jobs", type=int, default=1, help="seeds run in parallel processes (use with --threads 1)")
     a = p.parse_args(argv)
-    check_cpu_budget(a.jobs, a.threads)
+    pin_threads(a.threads, a.jobs)
     overrides = parse_set(a.set)
     with config_errors_exit():  # the ceiling's row reads the run config
         configs = [row_config(n, s, a, overrides) for s in a.seeds for n in a.rows]
     check_configs(configs, a.clients)
-    if a.threads:
-        torch.set_num_threads(a.threads)
     quiet_logs()
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -23,7 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.common import check_cpu_budget, config_errors_exit, parse_set, prog, quiet_logs
+from experiments.cli import common_args, pin_threads
+from experiments.common import config_errors_exit, parse_set, prog, quiet_logs
 from fedapp.options import ConfigError
 from fedapp.results import atomic_write_json
 
@@ -101,8 +102,11 @@ def sampler_rows(prior, prompts: list[str], readers, n: int, guidance: float, se
 
 
 def main(argv: list[str]) -> None:
+    shared = common_args(set=[], out="docs/results", threads=1,
+                         helps={"set": "run-config overrides, e.g. dataset=mnist-styles",
+                                "out": "folder for espresso_conditions.json"})
     p = argparse.ArgumentParser(prog=prog("espresso-conditions"), description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, parents=[shared])
     p.add_argument("--settings", nargs="+", default=DEFAULT_SETTINGS, help="steps:lr:batch[:batched|minibatch]")
     p.add_argument("--clients", type=int, nargs="+", default=[0, 3], help="partition ids (domain partitioner: "
                                                                           "0 photo, 3 quickdraw)")
@@ -114,13 +118,10 @@ def main(argv: list[str]) -> None:
     p.add_argument("--num-clients", type=int, default=4)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--reader-epochs", type=int, default=20)
-    p.add_argument("--set", nargs="*", default=[], help="run-config overrides, e.g. dataset=mnist-styles")
-    p.add_argument("--out", default="docs/results", help="folder for espresso_conditions.json")
-    p.add_argument("--threads", type=int, default=1)
     p.add_argument("--samplers", type=int, default=0, metavar="N",
                    help="also read N class-prompted samples of each sampler in SAMPLERS (0: skip)")
     a = p.parse_args(argv)
-    check_cpu_budget(1, a.threads)
+    pin_threads(a.threads)
     with config_errors_exit():
         settings = [parse_setting(s) for s in a.settings]
         if not all(0 <= k < a.num_clients for k in a.clients):
@@ -135,7 +136,6 @@ def main(argv: list[str]) -> None:
     from fedapp.models.prior import load_or_build_prior
     from fedapp.models.text import class_prompts
 
-    torch.set_num_threads(a.threads)
     quiet_logs()
     srv = server_data(cfg, a.num_clients)
     shards = [client_shard(cfg, k, a.num_clients) for k in a.clients]  # ORACLE: the diagnostic reads their truth

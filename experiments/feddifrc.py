@@ -37,10 +37,10 @@ from typing import Any, Callable
 
 import numpy as np
 
-from experiments.common import (BACKENDS, accuracy_curve, all_converged, check_configs, check_cpu_budget,
-                                classification_verdict, count_text, file_lock, merge_results, paired_difference,
-                                paired_text, parse_set, prog, quiet_logs, results_on_disk, run, subset_of,
-                                verdict_mark)
+from experiments.cli import common_args, pin_threads
+from experiments.common import (BACKENDS, accuracy_curve, all_converged, check_configs, classification_verdict,
+                                count_text, file_lock, merge_results, paired_difference, paired_text, parse_set, prog,
+                                quiet_logs, results_on_disk, run, subset_of, verdict_mark)
 from fedapp.results import atomic_write_json
 
 SPLITS = {
@@ -290,8 +290,11 @@ def write_table(path: Path, setup: dict[str, Any], results: dict[str, Any]) -> d
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog("feddifrc"), description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", default="0,1,2")
+    shared = common_args(dataset="mnist-5k", seeds="0,1,2", set=[], out="docs/results", runs_dir="runs/feddifrc-table",
+                         threads=1, helps={"set": "run-config overrides, e.g. feddifrc.up-blocks=0,1",
+                                           "out": "folder for <stem>.json and <stem>_rounds.png",
+                                           "threads": "torch threads (the machine is shared)"})
+    p = argparse.ArgumentParser(prog=prog("feddifrc"), description=__doc__.split("\n")[0], parents=[shared])
     p.add_argument("--splits", default=",".join(DEFAULT_SPLITS), help=f"subset of {','.join(SPLITS)}")
     p.add_argument("--methods", default=",".join(DEFAULT_METHODS), help=f"subset of {','.join(METHODS)}")
     p.add_argument("--rounds", type=int, default=31,
@@ -301,26 +304,18 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--clients", type=int, default=10)
     p.add_argument("--fraction-train", type=float, default=0.5, help="clients sampled per round (paper: 5 of 10)")
-    p.add_argument("--dataset", default="mnist-5k")
     p.add_argument("--prior", default="tiny",
                    help="the frozen prior FedDifRC reads (default: the dataset's tiny prior)")
     p.add_argument("--backend", choices=BACKENDS, default="inprocess")
-    p.add_argument("--runs-dir", default="runs/feddifrc-table")
-    p.add_argument("--out", default="docs/results", help="folder for <stem>.json and <stem>_rounds.png")
-    p.add_argument("--threads", type=int, default=1, help="torch threads (the machine is shared)")
     p.add_argument("--fresh", action="store_true", help="ignore cells already in <out>/feddifrc.json")
-    p.add_argument("--set", nargs="*", default=[], help="run-config overrides, e.g. feddifrc.up-blocks=0,1")
     return p
 
 
 def main(argv: list[str]) -> None:
     a = parser().parse_args(argv)
-    check_cpu_budget(1, a.threads)
-    import torch
-
+    pin_threads(a.threads)
     import clients.feddifrc as fdr
 
-    torch.set_num_threads(a.threads)
     quiet_logs()
     fdr.share_targets(a.backend == "inprocess")
     shared_path = Path(a.runs_dir) / "shared-targets.pt"

@@ -20,8 +20,9 @@ from typing import Any
 
 import numpy as np
 
-from experiments.common import (accuracy_curve, check_configs, check_cpu_budget, classification_verdict,
-                                paired_difference, paired_text, prog, quiet_logs, run)
+from experiments.cli import common_args, pin_threads
+from experiments.common import (accuracy_curve, check_configs, classification_verdict, paired_difference, paired_text,
+                                prog, quiet_logs, run)
 from experiments.feddifrc import METHODS, SPLITS
 from fedapp.results import atomic_write_json
 
@@ -111,20 +112,15 @@ def plot(results: dict[str, dict[str, list[float]]], s: dict[str, Any], path: Pa
 
 
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog=prog("feddifrc-budget"), description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", default="0,1,2")
+    shared = common_args(seeds="0,1,2", out="docs/results", runs="runs/feddifrc-budget", threads=2,
+                         helps={"threads": "torch threads (one job at a time)"})
+    p = argparse.ArgumentParser(prog=prog("feddifrc-budget"), description=__doc__.split("\n")[0], parents=[shared])
     p.add_argument("--local-epochs", default="2,5", help="comma-separated settings to measure")
     p.add_argument("--rounds", type=int, default=40)
     p.add_argument("--split", default="a0.5", choices=list(SPLITS),
                    help="the partition measured (a0.5: the table's budget; others: where that budget converges)")
-    p.add_argument("--runs", default="runs/feddifrc-budget")
-    p.add_argument("--out", default="docs/results")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (one job at a time)")
     a = p.parse_args(argv)
-    check_cpu_budget(1, a.threads)
-    import torch
-
-    torch.set_num_threads(a.threads)
+    pin_threads(a.threads)
     quiet_logs()
     seeds = [int(s) for s in a.seeds.split(",")]
     epochs = [int(e) for e in a.local_epochs.split(",")]

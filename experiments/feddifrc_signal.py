@@ -28,7 +28,8 @@ from typing import Any
 import torch
 from torch.nn import functional as F
 
-from experiments.common import check_cpu_budget, prog, quiet_logs
+from experiments.cli import common_args, pin_threads
+from experiments.common import prog, quiet_logs
 from fedapp.results import atomic_write_json
 
 
@@ -58,17 +59,14 @@ def probe_accuracy(x: torch.Tensor, y: torch.Tensor, k: int) -> float:
 
 
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog=prog("feddifrc-signal"), description=__doc__.split("\n")[0])
-    p.add_argument("--dataset", default="mnist-5k")
+    shared = common_args(dataset="mnist-5k", out="docs/results", runs_dir="runs/feddifrc-table", threads=1,
+                         helps={"runs_dir": "where the table keeps shared-targets.pt"})
+    p = argparse.ArgumentParser(prog=prog("feddifrc-signal"), description=__doc__.split("\n")[0], parents=[shared])
     p.add_argument("--prior", default="tiny")
     p.add_argument("--clients", default="0,1,2,3,4", help="partitions of the split whose images are read")
     p.add_argument("--alpha", type=float, default=0.1)
-    p.add_argument("--runs-dir", default="runs/feddifrc-table", help="where the table keeps shared-targets.pt")
-    p.add_argument("--out", default="docs/results")
-    p.add_argument("--threads", type=int, default=1)
     a = p.parse_args(argv)
-    check_cpu_budget(1, a.threads)
-    torch.set_num_threads(a.threads)
+    pin_threads(a.threads)
     quiet_logs()
     import clients.feddifrc as fdr
     from experiments.feddifrc import load_shared_targets

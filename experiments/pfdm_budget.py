@@ -23,8 +23,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from experiments.common import (add_sweep_arguments, all_converged, budget_verdict, check_cpu_budget,
-                                checkpoint_steps, generative_verdict, prog, quiet_logs, run_sweep)
+from experiments.cli import common_args, pin_threads
+from experiments.common import (add_sweep_arguments, all_converged, budget_verdict, checkpoint_steps,
+                                generative_verdict, prog, quiet_logs, run_sweep)
 
 
 def pooled_data(flat: dict[str, Any], clients: int):
@@ -170,8 +171,11 @@ def summary(seeds: dict[str, dict[str, Any]]) -> dict[str, Any]:
 
 
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog=prog("pfdm-budget"), description=__doc__.split("\n")[0])
-    p.add_argument("--dataset", default="colored-mnist")
+    shared = common_args(dataset="colored-mnist", seeds="0,1,2", out="docs/results", runs_dir="runs/pfdm-budget",
+                         threads=1, helps={"runs_dir": "where each seed's training state is kept after every "
+                                                       "checkpoint, so that a stopped sweep continues from its last "
+                                                       "checkpoint"})
+    p = argparse.ArgumentParser(prog=prog("pfdm-budget"), description=__doc__.split("\n")[0], parents=[shared])
     p.add_argument("--image-size", type=int, default=16)
     p.add_argument("--clients", type=int, default=4)
     p.add_argument("--steps", default="500,1000,2000,4000,8000", help="checkpoints (cumulative training steps)")
@@ -184,16 +188,12 @@ def main(argv: list[str]) -> None:
     p.add_argument("--guidance", default="1", help="guidance scales to read at each checkpoint, e.g. 1,2,3")
     p.add_argument("--samples", type=int, default=400)
     p.add_argument("--sample-steps", type=int, default=40)
-    p.add_argument("--runs-dir", default="runs/pfdm-budget",
-                   help="where each seed's training state is kept after every checkpoint, so that a stopped "
-                        "sweep continues from its last checkpoint")
     p.add_argument("--device", default="auto", help="auto (CUDA when available), cpu, cuda or cuda:N: where the "
                                                     "denoiser trains and samples (the readers stay on the CPU)")
-    add_sweep_arguments(p, seeds="0,1,2")
+    add_sweep_arguments(p)
     a = p.parse_args(argv)
     steps = checkpoint_steps(a.steps)
-    check_cpu_budget(1, a.threads)
-    torch.set_num_threads(a.threads)
+    pin_threads(a.threads)
     quiet_logs()
     out = Path(a.out)
     # a changed recipe's sweep is written beside the plain one

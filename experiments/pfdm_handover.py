@@ -26,7 +26,8 @@ from typing import Any
 
 import torch
 
-from experiments.common import check_cpu_budget, prog
+from experiments.cli import common_args, pin_threads
+from experiments.common import prog
 from fedapp.models.ddpm import (DDPM, HANDOVERS, SHARED_MODES, build_ddpm, shared_objective, shared_sample,
                                 split_steps, train_ddpm)
 from fedapp.privacy import clip_norm, linear_abar, privatize, resolve_t0
@@ -91,8 +92,8 @@ def table(rows: list[dict[str, Any]], title: str) -> str:
 
 
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog=prog("pfdm-handover"), description=__doc__.split("\n")[0])
-    p.add_argument("--dataset", default="colored-mnist")
+    shared = common_args(dataset="colored-mnist", out="docs/results", threads=1)
+    p = argparse.ArgumentParser(prog=prog("pfdm-handover"), description=__doc__.split("\n")[0], parents=[shared])
     p.add_argument("--image-size", type=int, default=16)
     p.add_argument("--epsilon", type=float, default=10.0, help="t0 from the paper's bound, as pfdm.epsilon")
     p.add_argument("--clip", type=float, default=10.0)
@@ -105,11 +106,8 @@ def main(argv: list[str]) -> None:
     p.add_argument("--batch", type=int, default=64)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default="docs/results")
     a = p.parse_args(argv)
-    check_cpu_budget(1, a.threads)
-    torch.set_num_threads(a.threads)
+    pin_threads(a.threads)
     t0 = resolve_t0(0, a.epsilon, a.clip, 1e-5, "bound")
     k_shared, _ = split_steps(a.sample_steps, t0)
     train, test, public, info = load(a.dataset, a.image_size, a.seed, a.train_images)

@@ -26,6 +26,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from experiments.cli import common_args, pin_threads
 from experiments.common import accuracy_curve, check_configs, prog, quiet_logs, run
 from fedapp.results import atomic_write_json
 
@@ -311,20 +312,16 @@ def measure(res: dict[str, Any], part: str, key: str, seed: int, fn: Callable[[]
 
 
 def main(argv: list[str]) -> None:
-    p = argparse.ArgumentParser(prog=prog("recipe"), description=__doc__.split("\n")[0])
-    p.add_argument("--seeds", default="0,1,2")
+    shared = common_args(seeds="0,1,2", out="docs/results", runs="runs/recipe", threads=2,
+                         helps={"threads": "torch threads (one job at a time)"})
+    p = argparse.ArgumentParser(prog=prog("recipe"), description=__doc__.split("\n")[0], parents=[shared])
     p.add_argument("--parts", default="diagnosis,centralised,federated")
     p.add_argument("--epochs", type=int, default=20, help="centralised epochs")
     p.add_argument("--local-epochs", type=int, default=2, help="FedAvg's local epochs a round")
     p.add_argument("--clients", type=int, default=10, help="clients of the diagnosis' pooled data")
-    p.add_argument("--runs", default="runs/recipe")
-    p.add_argument("--out", default="docs/results")
-    p.add_argument("--threads", type=int, default=2, help="torch threads (one job at a time)")
     p.add_argument("--fresh", action="store_true", help="ignore cells already in <out>/recipe.json")
     a = p.parse_args(argv)
-    import torch
-
-    torch.set_num_threads(a.threads)
+    pin_threads(a.threads)
     quiet_logs()
     seeds, parts = [int(s) for s in a.seeds.split(",")], a.parts.split(",")
     setup = {"epochs": a.epochs, "local_epochs": a.local_epochs, "clients": a.clients}

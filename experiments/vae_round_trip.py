@@ -17,7 +17,8 @@ from typing import Any
 
 import torch
 
-from experiments.common import check_cpu_budget, config_errors_exit, parse_set, prog, quiet_logs
+from experiments.cli import common_args, pin_threads
+from experiments.common import config_errors_exit, parse_set, prog, quiet_logs
 from fedapp.results import atomic_write_json
 
 CLIENTS = 4  # the table's domain partition: one client per style
@@ -45,22 +46,21 @@ def round_trip(prior, readers: dict[str, Any], x: torch.Tensor, y: torch.Tensor,
 
 
 def parser() -> argparse.ArgumentParser:
+    shared = common_args(set=["dataset=mnist-styles"], out="docs/results", threads=1,
+                         helps={"set": "run-config overrides (the dataset)", "out": "folder for vae_round_trip.json"})
     p = argparse.ArgumentParser(prog=prog("vae-round-trip"), description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+                                formatter_class=argparse.RawDescriptionHelpFormatter, parents=[shared])
     p.add_argument("--priors", nargs="+", default=["tiny-sd@photo"],
                    help="latent prior specs or SD-layout folders (each must have a VAE)")
-    p.add_argument("--set", nargs="*", default=["dataset=mnist-styles"], help="run-config overrides (the dataset)")
     p.add_argument("--per-domain", type=int, default=300, help="held-out test images per domain")
     p.add_argument("--reader-seed", type=int, default=0)
     p.add_argument("--reader-epochs", type=int, default=15)
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", default="docs/results", help="folder for vae_round_trip.json")
     return p
 
 
 def main(argv: list[str]) -> None:
     a = parser().parse_args(argv)
-    check_cpu_budget(1, a.threads)
+    pin_threads(a.threads)
     with config_errors_exit():
         from experiments.espresso_ablation import diagnostic_config
 
@@ -71,7 +71,6 @@ def main(argv: list[str]) -> None:
     from fedapp.data import server_data
     from fedapp.models.prior import load_or_build_prior
 
-    torch.set_num_threads(a.threads)
     quiet_logs()
     srv = server_data(cfg, CLIENTS)
     readers = fidelity_readers(srv, a.reader_seed, a.reader_epochs)
