@@ -71,22 +71,22 @@ def train_expert(model: VelocityNet, x: torch.Tensor, y: torch.Tensor, *, steps:
 
 
 # ---- Flower handlers --------------------------------------------------------------------------------
-def _opts(ctx: ClientContext):
+def _opts(ctx: ClientContext[P.DcfmOptions]) -> P.DcfmOptions:
     return ctx.cfg.options
 
 
-def _local_data(ctx: ClientContext) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def _local_data(ctx: ClientContext[P.DcfmOptions]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     shard = ctx.shard
     return shard.train.x.float(), attribute_labels(shard.train, P.ATTRS), P.attribute_sizes(shard.info)
 
 
-def _net(ctx: ClientContext, sizes: list[int]) -> VelocityNet:
+def _net(ctx: ClientContext[P.DcfmOptions], sizes: list[int]) -> VelocityNet:
     """A velocity net of the run's width and label embedding, initialised from torch's current RNG."""
     opts = _opts(ctx)
     return build_velocity(ctx.cfg.image_size, sizes, opts.width, label_embedding=opts.label_embedding)
 
 
-def _model(ctx: ClientContext, sizes: list[int]) -> VelocityNet:
+def _model(ctx: ClientContext[P.DcfmOptions], sizes: list[int]) -> VelocityNet:
     torch.manual_seed(ctx.cfg.seed)  # every client starts from the same initial weights
     return _net(ctx, sizes)
 
@@ -102,7 +102,7 @@ def _reply(model: VelocityNet, counts: torch.Tensor, stats: dict[str, float], n:
                        METRICS_KEY: MetricRecord({NUM_EXAMPLES_KEY: n, **{f"train_{k}": v for k, v in stats.items()}})})
 
 
-def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
+def handle_train(msg: Message, ctx: ClientContext[P.DcfmOptions]) -> RecordDict:
     """Stage I (no arrays in the message: a fresh expert, L_FM + lambda L_CI) or one FedFlow local round
     (the global model in ARRAYS_KEY, plain masked L_FM). Uploads the model and the pair counts."""
     opts = _opts(ctx)
@@ -123,7 +123,7 @@ def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
     return _reply(model, pair_counts(y, sizes), stats, len(x))
 
 
-def handle_peer(msg: Message, ctx: ClientContext) -> RecordDict:
+def handle_peer(msg: Message, ctx: ClientContext[P.DcfmOptions]) -> RecordDict:
     """Variant A, one round: train the own expert (kept in node state) with L_FM + lambda L_peerCI against
     the frozen peers of the allgather (P.PEER_PREFIX + pid ArrayRecords)."""
     opts = _opts(ctx)
@@ -153,7 +153,7 @@ def handle_peer(msg: Message, ctx: ClientContext) -> RecordDict:
     return _reply(own, counts[ctx.partition_id], stats, len(x))
 
 
-def handle_receive(msg: Message, ctx: ClientContext) -> RecordDict:
+def handle_receive(msg: Message, ctx: ClientContext[P.DcfmOptions]) -> RecordDict:
     """Variant B's last message: the distilled student arrives; the client keeps it (no upload)."""
     if ctx.state is not None and ARRAYS_KEY in msg.content.array_records:
         ctx.state[P.STATE_STUDENT] = msg.content.array_records[ARRAYS_KEY]

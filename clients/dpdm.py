@@ -74,7 +74,7 @@ def round_plan(n: int, o, rounds: int) -> tuple[int, float, float]:
     return steps, q, sigma
 
 
-def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
+def handle_train(msg: Message, ctx: ClientContext[P.PFDMOptions]) -> RecordDict:
     o, shard = ctx.cfg.options, ctx.shard
     rnd, model = global_ddpm(msg, ctx)
     steps, q, sigma = round_plan(len(shard.train), o, ctx.cfg.num_server_rounds)

@@ -230,7 +230,7 @@ def announced_digest(msg: Message) -> str | None:
     return None if rec is None else str(rec.get(P.SHA256, ""))
 
 
-def handle_prior(msg: Message, ctx: ClientContext) -> RecordDict:
+def handle_prior(msg: Message, ctx: ClientContext[P.EspressoOptions]) -> RecordDict:
     """query.prior: keep the weights when they came (checked against the announced digest), then say
     whether this node holds the prior of that digest."""
     from fedapp.models.prior import cached_shipped, prior_from_records
@@ -262,7 +262,7 @@ def load_client_prior(msg: Message, cfg, device: str):
         raise ValueError(f"this node cannot load prior={cfg.prior!r}: {str(err).splitlines()[0][:300]}") from None
 
 
-def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
+def handle_train(msg: Message, ctx: ClientContext[P.EspressoOptions]) -> RecordDict:
     """The one upload: conditions + GMM + class counts."""
     import time
 

@@ -29,10 +29,11 @@ from torch.nn import functional as F
 from clients import feddifrc_targets as T
 from clients.classify import evaluate_reply, local_train, round_of, train_reply
 from fedapp.client_context import ClientContext
+from fedapp.data import for_classifier
 from fedapp.progress import track
 from fedapp.protocols import ARRAYS_KEY, EVALUATE
 from fedapp.protocols.feddifrc import (CACHE_BYTES, FEATURE_SECONDS, STATE_TARGETS, STATE_TARGETS_ID, TRAIN,
-                                       feddifrc_classifier, target_dims)
+                                       FedDifRCOptions, feddifrc_classifier, target_dims)
 from fedapp.seeds import derive_seed
 
 _CACHE: dict[str, "DiffusionTargets"] = {}  # process memory: cache key -> targets
@@ -126,7 +127,7 @@ class FedDifRCLoss:
 
 
 # ---- the per-client cache ------------------------------------------------------------------------
-def cache_key(ctx: ClientContext) -> str:
+def cache_key(ctx: ClientContext[FedDifRCOptions]) -> str:
     """Everything the static targets depend on: the data, the prior, t, blocks, basis, prompts, seed."""
     c, o = ctx.cfg, ctx.cfg.options
     parts = (c.prior, c.dataset, c.partitioner, sorted(c.partitioner_params.items()), c.seed, c.image_size,
@@ -135,7 +136,7 @@ def cache_key(ctx: ClientContext) -> str:
     return repr(parts)
 
 
-def extractor_for(ctx: ClientContext):
+def extractor_for(ctx: ClientContext[FedDifRCOptions]):
     """The DIFT extractor of this run: its prior, t, blocks and one fixed eps (feddifrc.noise-seed: the
     paper's fixed noise), so a sample's maps depend neither on which client holds it nor on the run seed."""
     from fedapp.models.features import UNetFeatureExtractor
@@ -147,7 +148,7 @@ def extractor_for(ctx: ClientContext):
                                 seed=derive_seed("feddifrc-eps", o.noise_seed))
 
 
-def fit_images(ctx: ClientContext) -> torch.Tensor:
+def fit_images(ctx: ClientContext[FedDifRCOptions]) -> torch.Tensor:
     """The images the basis is fitted on: the public split (shared basis) or the client's own."""
     c = ctx.cfg
     if c.options.pca_fit == "client":
@@ -157,14 +158,14 @@ def fit_images(ctx: ClientContext) -> torch.Tensor:
     return load_server_data(c.dataset, "iid", {}, c.seed, 2, image_size=c.image_size).public.x
 
 
-def basis_key(ctx: ClientContext, extractor) -> str:
+def basis_key(ctx: ClientContext[FedDifRCOptions], extractor) -> str:
     """Everything a public basis depends on (not the client, not the run seed: the public split is fixed)."""
     c, o = ctx.cfg, ctx.cfg.options
     return repr((c.prior, c.dataset, c.image_size, o.t, extractor.up_blocks, o.noise_seed, ctx.device,
                  target_dims(c), o.labels, o.pool))
 
 
-def target_basis(ctx: ClientContext, extractor, prompts: list[str]) -> T.TargetBasis:
+def target_basis(ctx: ClientContext[FedDifRCOptions], extractor, prompts: list[str]) -> T.TargetBasis:
     """The per-block PCA basis: the client's own (pca-fit = client) or the public one, once per process."""
     c, o = ctx.cfg, ctx.cfg.options
     if o.pca_fit == "client":
@@ -176,7 +177,7 @@ def target_basis(ctx: ClientContext, extractor, prompts: list[str]) -> T.TargetB
     return _BASES[key]
 
 
-def compute_targets(ctx: ClientContext) -> DiffusionTargets:
+def compute_targets(ctx: ClientContext[FedDifRCOptions]) -> DiffusionTargets:
     """F~, pos, H~ of this client's training split (no cache; the shared memo when SHARE_TARGETS)."""
     c, o, train = ctx.cfg, ctx.cfg.options, ctx.shard.train
     extractor = extractor_for(ctx)
@@ -192,7 +193,7 @@ def compute_targets(ctx: ClientContext) -> DiffusionTargets:
     return DiffusionTargets(F=torch.stack(out[:-1], dim=1), pos=pos, H=out[-1], basis=basis)
 
 
-def client_targets(ctx: ClientContext) -> tuple[DiffusionTargets, float]:
+def client_targets(ctx: ClientContext[FedDifRCOptions]) -> tuple[DiffusionTargets, float]:
     """(targets, seconds spent computing them: 0 when cached). Looked up in process memory, then
     in the node's Context.state (which survives a ClientApp process restart in deployment)."""
     key = cache_key(ctx)
@@ -213,27 +214,28 @@ def client_targets(ctx: ClientContext) -> tuple[DiffusionTargets, float]:
     return targets, time.time() - t0
 
 
-def dynamic_targets(ctx: ClientContext, targets: DiffusionTargets, model: nn.Module) -> DiffusionTargets:
+def dynamic_targets(ctx: ClientContext[FedDifRCOptions], targets: DiffusionTargets,
+                    model: nn.Module) -> DiffusionTargets:
     """The round's targets with the dynamic condition: F~ recomputed under prompts + c_i = h_k(x_i) of the
     model this client just received (same basis, same H~: NDCR's target stays fixed, as the paper wants)."""
     c, o, train = ctx.cfg, ctx.cfg.options, ctx.shard.train
     extractor = extractor_for(ctx)
     prompts, _ = T.prompts_for(c.dataset, list(ctx.shard.info.class_names), o.labels)
     prior = extractor.prior
-    offsets = T.condition_offsets(model, train.x, prior.cond_shape[1], T.token_norm(prior, prompts),
+    offsets = T.condition_offsets(model, for_classifier(train.x, c), prior.cond_shape[1], T.token_norm(prior, prompts),
                                   o.dynamic_condition, derive_seed("feddifrc-condition", c.seed))
     F_ = T.conditioned_targets(extractor, targets.basis, train.x, prompts, offsets)
     return DiffusionTargets(F=F_, pos=targets.pos, H=targets.H, basis=targets.basis)
 
 
 # ---- handlers ------------------------------------------------------------------------------------
-def model_from_message(msg: Message, ctx: ClientContext) -> nn.Module:
+def model_from_message(msg: Message, ctx: ClientContext[FedDifRCOptions]) -> nn.Module:
     model = feddifrc_classifier(ctx.cfg, ctx.shard.info.num_classes)
     model.load_state_dict(msg.content.array_records[ARRAYS_KEY].to_torch_state_dict())
     return model
 
 
-def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
+def handle_train(msg: Message, ctx: ClientContext[FedDifRCOptions]) -> RecordDict:
     cfg, o, shard = ctx.cfg, ctx.cfg.options, ctx.shard
     targets, seconds = client_targets(ctx)
     model = model_from_message(msg, ctx)
@@ -242,14 +244,14 @@ def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
         targets = dynamic_targets(ctx, targets, model)
         seconds += time.time() - t0
     reg = FedDifRCLoss(targets, o.lambda_tdcl, o.lambda_ndcr, o.tau, o.ndcr_form)
-    stats = local_train(model, shard.train.x, shard.train.y, epochs=cfg.local_epochs, lr=cfg.lr,
+    stats = local_train(model, for_classifier(shard.train.x, cfg), shard.train.y, epochs=cfg.local_epochs, lr=cfg.lr,
                         batch=cfg.batch_size, seed=ctx.seed_for(round_of(msg)), device=ctx.device, extra_loss=reg)
     return train_reply(model, len(shard.train), {**{f"train_{k}": v for k, v in stats.items()},
                                                  **{f"train_{k}": v for k, v in reg.means().items()},
                                                  CACHE_BYTES: targets.nbytes, FEATURE_SECONDS: seconds})
 
 
-def handle_evaluate(msg: Message, ctx: ClientContext) -> RecordDict:
+def handle_evaluate(msg: Message, ctx: ClientContext[FedDifRCOptions]) -> RecordDict:
     return evaluate_reply(model_from_message(msg, ctx), ctx)
 
 

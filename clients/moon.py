@@ -20,9 +20,10 @@ from torch.nn import functional as F
 
 from clients.classify import evaluate_reply, local_train, round_of, train_reply
 from fedapp.client_context import ClientContext
+from fedapp.data import for_classifier
 from fedapp.models.classifier import build_classifier
 from fedapp.protocols import ARRAYS_KEY, EVALUATE
-from fedapp.protocols.moon import STATE_PREV_MODEL, TRAIN
+from fedapp.protocols.moon import STATE_PREV_MODEL, TRAIN, MoonOptions
 
 
 def moon_contrastive(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float) -> torch.Tensor:
@@ -59,11 +60,11 @@ def frozen(model: nn.Module) -> nn.Module:
     return model.eval().requires_grad_(False)
 
 
-def build_model(ctx: ClientContext) -> nn.Module:
+def build_model(ctx: ClientContext[MoonOptions]) -> nn.Module:
     return build_classifier(ctx.cfg.model, ctx.shard.info.num_classes, proj_dim=ctx.cfg.options.proj_dim)
 
 
-def previous_model(ctx: ClientContext) -> nn.Module | None:
+def previous_model(ctx: ClientContext[MoonOptions]) -> nn.Module | None:
     """The client's last local model from Context.state, or None in its first round."""
     if ctx.state is None or STATE_PREV_MODEL not in ctx.state.array_records:
         return None
@@ -72,17 +73,17 @@ def previous_model(ctx: ClientContext) -> nn.Module | None:
     return frozen(model.to(ctx.device))
 
 
-def model_from_message(msg: Message, ctx: ClientContext) -> nn.Module:
+def model_from_message(msg: Message, ctx: ClientContext[MoonOptions]) -> nn.Module:
     model = build_model(ctx)
     model.load_state_dict(msg.content.array_records[ARRAYS_KEY].to_torch_state_dict())
     return model
 
 
-def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
+def handle_train(msg: Message, ctx: ClientContext[MoonOptions]) -> RecordDict:
     cfg, o, shard = ctx.cfg, ctx.cfg.options, ctx.shard
     model = model_from_message(msg, ctx)
     reg = MoonLoss(frozen(copy.deepcopy(model).to(ctx.device)), previous_model(ctx), o.mu, o.tau)
-    stats = local_train(model, shard.train.x, shard.train.y, epochs=cfg.local_epochs, lr=cfg.lr,
+    stats = local_train(model, for_classifier(shard.train.x, cfg), shard.train.y, epochs=cfg.local_epochs, lr=cfg.lr,
                         batch=cfg.batch_size, seed=ctx.seed_for(round_of(msg)), device=ctx.device, extra_loss=reg)
     if ctx.state is not None:
         ctx.state[STATE_PREV_MODEL] = ArrayRecord(model.cpu().state_dict())  # z_prev of the next round
@@ -90,7 +91,7 @@ def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
                                                  "train_con": reg.mean()})
 
 
-def handle_evaluate(msg: Message, ctx: ClientContext) -> RecordDict:
+def handle_evaluate(msg: Message, ctx: ClientContext[MoonOptions]) -> RecordDict:
     return evaluate_reply(model_from_message(msg, ctx), ctx)
 
 

@@ -18,6 +18,7 @@ import torch
 from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedapp.client_context import ClientContext
+from fedapp.models.checkpoints import TrainState, kept_tensors, run_train_state
 from fedapp.models.ddpm import DDPM, build_ddpm, shared_sample, split_steps, train_ddpm
 from fedapp.privacy import clip_norm, privatize, resolve_t0
 from fedapp.protocols import METRICS_KEY, NUM_EXAMPLES_KEY
@@ -42,15 +43,16 @@ def private_levels(mode: str, t0: int, T: int) -> tuple[int, int]:
 
 
 def train_private_denoiser(x: torch.Tensor, y: torch.Tensor, o, image_size: int, num_classes: int, t0: int,
-                           seed: int, device: str = "cpu", levels: str | None = None) -> DDPM:
+                           seed: int, device: str = "cpu", levels: str | None = None,
+                           state: TrainState | None = None) -> DDPM:
     """z_theta_m on clipped and unclipped data with the flag, over private_levels(levels or
-    pfdm.private-levels, t0)."""
+    pfdm.private-levels, t0); `state`: continue from / save to that train state (train_ddpm)."""
     torch.manual_seed(seed)
     model = build_ddpm(image_size, num_classes, flag=True, channels=o.channels)
     xs, ys, flags = private_training_set(x, y, o.clip)
     train_ddpm(model, xs, ys, flags, steps=o.local_steps, batch=o.batch, lr=o.lr, seed=seed,
                ema=o.ema, p_uncond=o.p_uncond,
-               t_range=private_levels(levels or o.private_levels, t0, model.T), device=device)
+               t_range=private_levels(levels or o.private_levels, t0, model.T), device=device, state=state)
     return model.cpu()
 
 
@@ -84,13 +86,15 @@ def private_only_sample(private: DDPM, y: torch.Tensor, steps: int, seed: int) -
 
 
 # ---- Flower handlers ---------------------------------------------------------------------------------
-def _train_private(ctx: ClientContext, t0: int, levels: str | None = None) -> DDPM:
+def _train_private(ctx: ClientContext[P.PFDMOptions], t0: int, levels: str | None = None) -> DDPM:
+    """The private denoiser (levels None) or its all-levels reference, each under its own train state."""
     o, shard = ctx.cfg.options, ctx.shard
+    state = run_train_state(ctx.cfg, f"client{ctx.partition_id}-{'private' if levels is None else 'reference'}")
     return train_private_denoiser(shard.train.x, shard.train.y, o, ctx.cfg.image_size, shard.info.num_classes,
-                                  t0, ctx.seed_for(1), ctx.device, levels)
+                                  t0, ctx.seed_for(1), ctx.device, levels, state)
 
 
-def _private_model(ctx: ClientContext, t0: int) -> DDPM:
+def _private_model(ctx: ClientContext[P.PFDMOptions], t0: int) -> DDPM:
     """The private denoiser from Context.state; retrained (same seed, same weights) if the node restarted."""
     o, shard = ctx.cfg.options, ctx.shard
     if ctx.state is not None and P.STATE_PRIVATE in ctx.state.array_records:
@@ -100,25 +104,28 @@ def _private_model(ctx: ClientContext, t0: int) -> DDPM:
     return _train_private(ctx, t0)
 
 
-def _reference_model(ctx: ClientContext, private: DDPM, t0: int) -> DDPM:
+def _reference_model(ctx: ClientContext[P.PFDMOptions], private: DDPM, t0: int) -> DDPM:
     """The non-collaborative reference, sampled alone T -> 0: the private model itself when it learnt every
     level; else the same trainer, data, budget and seed over all levels (evaluation only, never uploaded)."""
     return private if ctx.cfg.options.private_levels == "all" else _train_private(ctx, t0, levels="all")
 
 
-def handle_train(msg: Message, ctx: ClientContext) -> RecordDict:
+def handle_train(msg: Message, ctx: ClientContext[P.PFDMOptions]) -> RecordDict:
     """Phase 1: train z_theta_m (kept in Context.state), upload D~_m."""
     o, shard = ctx.cfg.options, ctx.shard
     t0 = resolve_t0(o.t0, o.epsilon, o.clip, o.delta, o.accountant)
     model = _train_private(ctx, t0)
     if ctx.state is not None:
         ctx.state[P.STATE_PRIVATE] = ArrayRecord(model.state_dict())
-    x_up, y_up = make_upload(shard.train.x, shard.train.y, o.clip, t0)
+    # drawn once (from the OS): a restarted client sends the same release again, never a second one
+    up = kept_tensors(ctx.cfg, f"client{ctx.partition_id}-upload",
+                      lambda: dict(zip((P.X, P.Y), make_upload(shard.train.x, shard.train.y, o.clip, t0))))
+    x_up, y_up = up[P.X], up[P.Y]
     return RecordDict({P.UPLOAD_KEY: ArrayRecord({P.X: x_up, P.Y: y_up}),
                        METRICS_KEY: MetricRecord({NUM_EXAMPLES_KEY: len(y_up), P.T0_METRIC: t0})})
 
 
-def handle_sample(msg: Message, ctx: ClientContext) -> RecordDict:
+def handle_sample(msg: Message, ctx: ClientContext[P.PFDMOptions]) -> RecordDict:
     """Phase 2: personalised samples (shared T -> t0, private t0 -> 0) and, for the comparison, private-only
     samples. Evaluation only: the server scores them; the protocol itself needs no reply here."""
     o, shard = ctx.cfg.options, ctx.shard

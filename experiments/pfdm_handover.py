@@ -74,7 +74,7 @@ def load(dataset: str, image_size: int, seed: int, n_train: int):
     """Training images (the uploads' source), test images (the real release) and public images (held out)."""
     from feddata import load_client_shard, load_server_data
 
-    shard = load_client_shard(dataset, "iid", {}, seed, 0, 1, image_size=image_size)
+    shard = load_client_shard(dataset, "iid", {"per-class": 0}, seed, 0, 1, image_size=image_size)
     server = load_server_data(dataset, "iid", {}, seed, 1, image_size=image_size)
     return shard.train.subset(list(range(min(n_train, len(shard.train))))), server.test, server.public, shard.info
 

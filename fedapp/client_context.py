@@ -10,17 +10,20 @@ import logging
 import os
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Any
+from typing import Any, Generic
 
-from fedapp.config import RunConfig, ray_gpu_ids
+from fedapp.config import Opts, RunConfig, ray_gpu_ids
 
 log = logging.getLogger("fedapp")
 _DEVICE_LOGGED: set[int] = set()  # partitions whose device this process has logged
 
 
 @dataclass
-class ClientContext:
-    cfg: RunConfig
+class ClientContext(Generic[Opts]):
+    """`Opts`: the method's options class (a handler annotates `ClientContext[ItsOptions]` and reads
+    `ctx.cfg.options` typed)."""
+
+    cfg: RunConfig[Opts]
     partition_id: int
     num_partitions: int
     state: Any = None  # Flower's Context.state (a RecordDict kept across rounds on this node)
@@ -33,8 +36,9 @@ class ClientContext:
 
     @cached_property
     def shard(self):
-        """This client's train/test split: a pure function of the config and partition id."""
-        from fedapp.data import client_shard
+        """This client's train/test split: a pure function of the config and partition id, kept on the node's
+        disk for the next message's process (fedapp.shard_cache)."""
+        from fedapp.shard_cache import client_shard
 
         return client_shard(self.cfg, self.partition_id, self.num_partitions)
 

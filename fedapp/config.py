@@ -11,15 +11,24 @@ A run keeps, and sends its clients, the common keys, the app's namespaces and it
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Generic, Mapping, TypeVar, overload
 
-from fedapp.options import (AUTO, PARTITIONER_KEY, ConfigError, build_options, check_value,  # noqa: F401 (re-exported)
-                            flat_defaults, key_of, opt, option_values)
+from feddata.api import SEED
+from feddata.partition import PARAMS, PARTITIONER, PARTITIONER_PARAMS
+from feddata.sources import IMAGE_SIZE
+
+from fedapp.options import (AUTO, PARTITIONER_KEY, ConfigError, Rule, build_options,  # noqa: F401 (re-exported)
+                            declared, flat_defaults, opt, option_values, refuse, resolve)
+from fedapp.registry import MethodSpec
+
+# image-size and classifier-size: feddata's one image-size rule, or "auto"
+_SIZE = dataclasses.replace(IMAGE_SIZE, default=AUTO, auto=True)
 
 
 @dataclass(frozen=True)
@@ -28,15 +37,17 @@ class CommonConfig:
 
     method: str = opt("espresso", help="which method/baseline runs (see fedapp.registry)")
     dataset: str = opt("digit-styles", help="built-in source, hub id or local folder")
-    partitioner: str = opt("domain", help="how the client pool is split")
-    seed: int = opt(0, low=0, help="seeds every draw: the partition, client training, server sampling and evaluation")
+    partitioner: str = declared(dataclasses.replace(PARTITIONER, default="domain"), key=PARTITIONER_KEY)
+    seed: int = declared(SEED)
     out_dir: str = opt("runs", help="results land in <out-dir>/<run-name>/")
     run_name: str = opt("", help="empty: <method>-<dataset>-<partitioner>-s<seed>-<time>")
     model: str = opt("cnn", help="classifier: cnn (cnn-gap: the recipe before docs/recipe.md), resnet10, resnet18, "
                                  "or a transformers ResNet id/folder")
-    image_size: int | str = opt(AUTO, auto=True, low=8, high=512,
-                                help="pixels per side; auto: the prior's size for methods with a prior, else the "
-                                     "dataset's native size")
+    image_size: int | str = declared(_SIZE, help="pixels per side; auto: the prior's size for methods with a prior, "
+                                                 "else the dataset's native size")
+    classifier_size: int | str = declared(_SIZE, help="pixels per side the classifier sees: real images are decoded "
+                                                      "at it and synthetic ones resized to it, while a prior reads and "
+                                                      "samples at image-size; auto: image-size")
     num_server_rounds: int = opt(5, low=1, help="rounds of the round-based methods (FedAvg family, fedflow, "
                                                 "fedavg-ddpm, dpdm); one-shot methods ignore it")
     local_epochs: int = opt(3, low=1, help="classification methods: epochs of each client's local SGD per round")
@@ -73,23 +84,71 @@ class LogOptions:
 
     tensorboard: bool = opt(False, help="also write TensorBoard event files of metrics.jsonl's rows into the run "
                                         "folder (`tensorboard --logdir <out-dir>`)")
+    uploads: bool = opt(False, help="also keep each client's last reply with arrays per phase, and the message it "
+                                    "answered, under <run dir>/uploads/ (what the privacy audit attacks: "
+                                    "python -m experiments privacy-audit)")
 
 
 # The app's own namespaces, beside the methods' (fedapp.registry): every run has them.
 APP_NAMESPACES: dict[str, type] = {"log": LogOptions}
 
 
+T = TypeVar("T")
+Opts = TypeVar("Opts")  # the method's options dataclass (None for a method without options)
+
+
+class _Common(Generic[T]):
+    """A common key read through the run config (`cfg.seed` is `cfg.common.seed`), typed as CommonConfig
+    declares it."""
+
+    def __init__(self, read: Callable[[CommonConfig], T]) -> None:
+        self.read = read
+
+    @overload
+    def __get__(self, cfg: None, owner: type) -> _Common[T]: ...
+    @overload
+    def __get__(self, cfg: RunConfig[Any], owner: type) -> T: ...
+
+    def __get__(self, cfg: RunConfig[Any] | None, owner: type) -> _Common[T] | T:
+        return self if cfg is None else self.read(cfg.common)
+
+
 @dataclass(frozen=True)
-class RunConfig:
+class RunConfig(Generic[Opts]):
+    """A validated run: the common keys, the partitioner's parameters, the method's contract (`spec`) and its
+    options (`options`: a strategy or client annotates `RunConfig[ItsOptions]` and reads them typed)."""
+
     common: CommonConfig
-    spec: Any  # the chosen method's fedapp.registry.MethodSpec: its contract (namespace, traits)
+    spec: MethodSpec
     partitioner_params: dict[str, Any]
-    options: Any  # the chosen method's options dataclass (or None)
+    options: Opts
     namespace_values: dict[str, dict[str, Any]] = field(default_factory=dict)  # the method's and the app's
     log: LogOptions = field(default_factory=LogOptions)
 
-    def __getattr__(self, name: str) -> Any:  # cfg.seed, cfg.method, ...
-        return getattr(self.common, name)
+    # the common keys, read through (image-size and classifier-size are resolved below)
+    method = _Common(lambda c: c.method)
+    dataset = _Common(lambda c: c.dataset)
+    partitioner = _Common(lambda c: c.partitioner)
+    seed = _Common(lambda c: c.seed)
+    out_dir = _Common(lambda c: c.out_dir)
+    run_name = _Common(lambda c: c.run_name)
+    model = _Common(lambda c: c.model)
+    num_server_rounds = _Common(lambda c: c.num_server_rounds)
+    local_epochs = _Common(lambda c: c.local_epochs)
+    lr = _Common(lambda c: c.lr)
+    batch_size = _Common(lambda c: c.batch_size)
+    device = _Common(lambda c: c.device)
+    min_clients = _Common(lambda c: c.min_clients)
+    fraction_train = _Common(lambda c: c.fraction_train)
+    fraction_evaluate = _Common(lambda c: c.fraction_evaluate)
+    evaluate_every = _Common(lambda c: c.evaluate_every)
+    prior = _Common(lambda c: c.prior)
+    round_timeout = _Common(lambda c: c.round_timeout)
+    node_timeout = _Common(lambda c: c.node_timeout)
+    resume = _Common(lambda c: c.resume)
+    max_upload_mb = _Common(lambda c: c.max_upload_mb)
+    aggregation = _Common(lambda c: c.aggregation)
+    server_epochs = _Common(lambda c: c.server_epochs)
 
     @property
     def max_upload_bytes(self) -> int:
@@ -100,7 +159,7 @@ class RunConfig:
     def image_size(self) -> int:
         """Pixels per side: the explicit value, or for "auto" the prior's (methods with a prior) or the
         dataset's native size (fedapp.geometry; fedapp.preflight refuses an explicit value the prior contradicts)."""
-        if self.common.image_size != AUTO:
+        if isinstance(self.common.image_size, int):  # else "auto"
             return self.common.image_size
         if "_image_size" not in self.__dict__:
             from fedapp.geometry import auto_image_size
@@ -112,6 +171,12 @@ class RunConfig:
                                   f"({str(err).splitlines()[0]})") from None
             object.__setattr__(self, "_image_size", size)
         return self.__dict__["_image_size"]
+
+    @property
+    def classifier_size(self) -> int:
+        """The classifier's input size: the explicit value, or image-size for "auto"."""
+        size = self.common.classifier_size
+        return size if isinstance(size, int) else self.image_size  # "auto": image-size
 
     @property
     def resolved_run_name(self) -> str:
@@ -128,6 +193,7 @@ class RunConfig:
         """Resolved flat config: what config.json records and messages carry (no other method's keys)."""
         out = option_values(self.common)
         out["image-size"] = self.image_size
+        out["classifier-size"] = self.classifier_size
         out.update({f"partitioner.{k}": v for k, v in self.partitioner_params.items()})
         for ns, values in self.namespace_values.items():
             out.update({f"{ns}.{k}": v for k, v in values.items()})
@@ -147,7 +213,7 @@ def ray_gpu_ids() -> list | None:
     """The GPUs Ray assigned to this process when it is a Ray worker (a ClientApp actor), else None."""
     ray = sys.modules.get("ray")  # never import Ray here: most processes have nothing to do with it
     is_initialized = getattr(ray, "is_initialized", None)  # absent while another thread is still importing it
-    if is_initialized is None or not is_initialized():
+    if ray is None or is_initialized is None or not is_initialized():
         return None
     ctx = ray.get_runtime_context()
     if ctx.worker.mode != ray.WORKER_MODE:  # the driver (the ServerApp in a simulation): no assignment
@@ -160,31 +226,21 @@ def _check_device(value: str) -> None:
         value.startswith("cuda:") and value[5:].isdigit()
     )
     if not ok:
-        raise ConfigError(f"device={value!r}: must be auto, cpu, cuda or cuda:N")
+        raise refuse("device", value, "must be auto, cpu, cuda or cuda:N")
 
 
 def _check_run_name(value: str) -> None:
     """The run folder must stay inside out-dir: one plain folder name."""
     if value and (value in (".", "..") or "/" in value or "\\" in value or value.startswith("~")):
-        raise ConfigError(f"run-name={value!r}: must be a plain folder name (no '/', '\\', '..' or '~'); "
-                          "results land in <out-dir>/<run-name>/")
+        raise refuse("run-name", value, "must be a plain folder name (no '/', '\\', '..' or '~'); "
+                                        "results land in <out-dir>/<run-name>/")
 
 
 def _partitioner_params(partitioner: str, given: Mapping[str, Any]) -> dict[str, Any]:
-    """Typed params of the chosen partitioner; keys of other partitioners are tolerated
-    (pyproject.toml lists every partitioner's defaults) but not used."""
-    from feddata import PARTITIONER_PARAMS, resolve_params
-
-    known = {k for spec in PARTITIONER_PARAMS.values() for k in spec}
-    for key, value in given.items():
-        if key not in known:
-            allowed = ", ".join(sorted(f"partitioner.{k}" for k in known))
-            raise ConfigError(f"partitioner.{key}={value!r}: unknown key; allowed: {allowed}")
-    spec = PARTITIONER_PARAMS[partitioner]
-    try:
-        return resolve_params(partitioner, {k: v for k, v in given.items() if k in spec})
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
+    """Typed params of the chosen partitioner; every parameter given is checked, but those of other
+    partitioners (pyproject.toml lists every partitioner's defaults) are not kept."""
+    checked = resolve(PARAMS, given, prefix="partitioner.")
+    return {key: checked[key] for key in PARTITIONER_PARAMS[partitioner]}
 
 
 def normalize_keys(flat: Mapping[str, Any]) -> dict[str, Any]:
@@ -198,17 +254,17 @@ def normalize_keys(flat: Mapping[str, Any]) -> dict[str, Any]:
     return flat
 
 
-def parse_run_config(flat: Mapping[str, Any]) -> RunConfig:
+def parse_run_config(flat: Mapping[str, Any]) -> RunConfig[Any]:
     """Validate a flat run config (from pyproject/`--run-config`, `fedapp.simulate` or a message's record,
     which lacks other methods' namespaces) against fedapp.registry.METHODS."""
-    from feddata import PARTITIONERS
-
     from fedapp import registry
 
     flat = normalize_keys(flat)
     spaces_known = registry.namespaces() + list(APP_NAMESPACES)
     common_keys = set(flat_defaults(CommonConfig))
-    common, part, spaces = {}, {}, {}
+    common: dict[str, Any] = {}
+    part: dict[str, Any] = {}
+    spaces: dict[str, dict[str, Any]] = {}
     for key, value in flat.items():
         if key in common_keys:
             common[key] = value
@@ -220,13 +276,10 @@ def parse_run_config(flat: Mapping[str, Any]) -> RunConfig:
         else:
             allowed = ", ".join(sorted(common_keys)) + ", partitioner.*, " + ", ".join(
                 f"{ns}.*" for ns in spaces_known)
-            raise ConfigError(f"{key}={value!r}: unknown key; allowed: {allowed}")
+            raise refuse(key, value, f"unknown key; allowed: {allowed}")
 
     cc = build_options(CommonConfig, common)
-    if cc.method not in registry.METHODS:
-        raise ConfigError(f"method={cc.method!r}: must be one of {', '.join(registry.METHODS)}")
-    if cc.partitioner not in PARTITIONERS:
-        raise ConfigError(f"{PARTITIONER_KEY}={cc.partitioner!r}: must be one of {', '.join(PARTITIONERS)}")
+    Rule(str, choices=tuple(registry.METHODS)).check("method", cc.method)  # methods may be registered at run time
     _check_device(cc.device)
     _check_run_name(cc.run_name)
     params = _partitioner_params(cc.partitioner, part)
@@ -235,12 +288,12 @@ def parse_run_config(flat: Mapping[str, Any]) -> RunConfig:
     # the run reads no other, and its config.json and messages (flat()) carry no other.
     spec = registry.METHODS[cc.method]
     kept = ([spec.namespace] if spec.namespace else []) + list(APP_NAMESPACES)
-    objs = {}
+    objs: dict[str, Any] = {}
     for ns in spaces_known:
         if ns in spaces or ns in kept:
             cls = APP_NAMESPACES.get(ns) or registry.options_class(ns)
             objs[ns] = build_options(cls, spaces.get(ns, {}), prefix=f"{ns}.")
-    return RunConfig(common=cc, spec=spec, partitioner_params=params, options=objs.get(spec.namespace),
+    return RunConfig(common=cc, spec=spec, partitioner_params=params, options=objs.get(spec.namespace or ""),
                      namespace_values={ns: option_values(objs[ns]) for ns in kept}, log=objs["log"])
 
 
@@ -254,33 +307,20 @@ def method_scoped(flat: Mapping[str, Any], method: str) -> dict[str, Any]:
     return {k: v for k, v in flat.items() if not ("." in k and k.split(".", 1)[0] in others)}
 
 
-def check_data(cfg: RunConfig, num_clients: int) -> None:
-    """The dataset-dependent checks (domain partitioner needs domains, ...), as ConfigError."""
+def check_data(cfg: RunConfig[Any], num_clients: int) -> None:
+    """The dataset-dependent checks (domain partitioner needs domains, ...): feddata's, raising ConfigError."""
     from feddata import validate
 
-    try:
-        validate(cfg.dataset, cfg.partitioner, cfg.partitioner_params, num_clients,
-                 seed=cfg.seed, image_size=cfg.image_size)
-    except ValueError as err:
-        raise ConfigError(str(err)) from None
-
-
-# The default experiment (Espresso on digit-styles, one domain per client, 16 training images per
-# class per client) caps clients through the app's defaults; feddata's own default stays "no cap",
-# so loading data from Python is unchanged.
-DEFAULT_PARTITIONER_PARAMS = {"per-class": 16}
+    validate(cfg.dataset, cfg.partitioner, cfg.partitioner_params, num_clients, seed=cfg.seed,
+             image_size=cfg.image_size)
 
 
 def all_defaults() -> dict[str, Any]:
     """Every key with its default: the `[tool.flwr.app.config]` block of pyproject.toml."""
-    from feddata import PARTITIONER_PARAMS
-
     from fedapp import registry
 
     out = flat_defaults(CommonConfig)
-    for spec in PARTITIONER_PARAMS.values():
-        for key, (_, default) in spec.items():
-            out.setdefault(f"partitioner.{key}", DEFAULT_PARTITIONER_PARAMS.get(key, default))
+    out.update({f"partitioner.{key}": rule.default for key, rule in PARAMS.items()})
     for ns in registry.namespaces():
         out.update(flat_defaults(registry.options_class(ns), prefix=f"{ns}."))
     for ns, cls in APP_NAMESPACES.items():

@@ -1,115 +1,70 @@
-"""Options on the ground floor: how a config field declares its allowed values (`opt`), how a flat
-`{key: value}` becomes a typed options dataclass (`build_options`, `check_value`), its defaults as flat
-keys (`flat_defaults`), and the one error a bad value raises (`ConfigError`). It imports nothing of
-fedapp, so that every layer above — fedapp/config.py, the method protocols, the registry — can use it
-without an import loop (config -> registry -> protocols -> config before it existed).
+"""Options on the ground floor: a config field declares what it allows with `opt(...)` (or `declared(rule)`
+for a rule declared elsewhere, e.g. feddata's), a flat `{key: value}` becomes a typed options dataclass
+(`build_options`), and its defaults and values read back as flat keys (`flat_defaults`, `option_values`).
+What a field allows is a feddata.validation Rule, checked by `Rule.check`, the check the partitioners'
+parameters and the data calls' arguments pass too, raising the same `ConfigError` line. It imports nothing
+of fedapp, so that every layer above (fedapp/config.py, the method protocols, the registry) can use it
+without an import loop.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import field
-from typing import Any, Mapping
+from typing import Any, NamedTuple
 
-
-class ConfigError(ValueError):
-    """A user error in the run config: one line naming key, value and what is allowed."""
-
-
-AUTO = "auto"  # a value derived from the run's components (image-size: from the prior or the dataset)
-
-
-def opt(default: Any, *, choices: tuple | None = None, low: float | None = None,
-        high: float | None = None, low_open: bool = False, auto: bool = False, help: str = "") -> Any:
-    """A config field with its allowed values (checked by `check_value`); `auto` also admits "auto"."""
-    return field(default=default, metadata={
-        "choices": choices, "low": low, "high": high, "low_open": low_open, "auto": auto, "help": help,
-    })
-
+from feddata.validation import AUTO, ConfigError, Rule, refusal, refuse, resolve  # noqa: F401 (re-exported)
 
 # TOML (and so Flower's run config) cannot hold both `partitioner = "iid"` and
 # `partitioner.alpha = 0.5`, so the partitioner is chosen with `partitioner.name`.
 PARTITIONER_KEY = "partitioner.name"
+_TYPES = {"int": int, "float": float, "str": str, "bool": bool}
 
 
-def key_of(name: str) -> str:
-    """Python field name -> config key (`num_server_rounds` -> `num-server-rounds`)."""
-    return PARTITIONER_KEY if name == "partitioner" else name.replace("_", "-")
+def declared(rule: Rule, *, key: str | None = None, help: str | None = None) -> Any:
+    """A config field that allows what `rule` allows (its default, and its help unless `help` is given);
+    `key`: its config key, when not the field's name with '-' for '_'."""
+    if help is not None:
+        rule = dataclasses.replace(rule, help=help)
+    return field(default=rule.default, metadata={"rule": rule, "key": key})
 
 
-def _coerce(key: str, value: Any, typ: type) -> Any:
-    if typ is float and isinstance(value, int) and not isinstance(value, bool):
-        return float(value)
-    if typ is bool and isinstance(value, str) and value.lower() in ("true", "false"):
-        return value.lower() == "true"
-    if not isinstance(value, typ) or (typ is not bool and isinstance(value, bool)):
-        raise ConfigError(f"{key}={value!r}: must be of type {typ.__name__}")
-    if typ is float and not math.isfinite(value):
-        raise ConfigError(f"{key}={value!r}: must be a finite number")
-    return value
+def opt(default: Any, *, choices: tuple | None = None, low: float | None = None, high: float | None = None,
+        low_open: bool = False, auto: bool = False, key: str | None = None, help: str = "") -> Any:
+    """A config field with its allowed values; `auto` also admits "auto". Its type is the annotation's."""
+    rule = Rule(object, default, choices=choices, low=low, high=high, low_open=low_open, auto=auto, help=help)
+    return declared(rule, key=key)
 
 
-def check_value(key: str, value: Any, typ: type, meta: Mapping[str, Any]) -> Any:
-    """Coerce `value` to `typ` and check it against the field's choices/range."""
-    if meta.get("auto") and value == AUTO:
-        return value
-    try:
-        value = _coerce(key, value, typ)
-    except ConfigError:
-        if meta.get("auto"):
-            raise ConfigError(f"{key}={value!r}: must be {AUTO!r} or of type {typ.__name__}") from None
-        raise
-    choices = meta.get("choices")
-    if choices is not None and value not in choices:
-        allowed = ", ".join(repr(c) for c in choices)
-        raise ConfigError(f"{key}={value!r}: must be one of {allowed}")
-    low, high = meta.get("low"), meta.get("high")
-    if low is not None:
-        if meta.get("low_open") and not value > low:
-            raise ConfigError(f"{key}={value!r}: must be > {low}")
-        if not meta.get("low_open") and not value >= low:
-            raise ConfigError(f"{key}={value!r}: must be >= {low}")
-    if high is not None and not value <= high:
-        raise ConfigError(f"{key}={value!r}: must be <= {high}")
-    return value
+class Option(NamedTuple):
+    name: str  # the dataclass field
+    rule: Rule
 
 
-def _field_types(cls: type) -> dict[str, tuple[type, Mapping[str, Any]]]:
-    hints = {f.name: f for f in dataclasses.fields(cls)}
-    types = {"int": int, "float": float, "str": str, "bool": bool}
+def options_of(cls: type) -> dict[str, Option]:
+    """Config key -> (field name, rule typed as the field is annotated) of an options dataclass."""
     out = {}
-    for name, f in hints.items():
-        if f.metadata.get("skip"):
+    for f in dataclasses.fields(cls):
+        if "rule" not in f.metadata:
             continue
-        if f.metadata.get("auto"):  # declared `int | str` / `float | str`: the scalar type, or "auto"
-            typ = types[str(f.type).split("|")[0].strip()]
-        else:
-            typ = f.type if isinstance(f.type, type) else types[str(f.type)]
-        out[name] = (typ, f.metadata)
+        rule = f.metadata["rule"]
+        # `int | str` / `float | str` with auto: the scalar type, or "auto"
+        typ = f.type if isinstance(f.type, type) else _TYPES[str(f.type).split("|")[0].strip()]
+        out[f.metadata["key"] or f.name.replace("_", "-")] = Option(f.name, dataclasses.replace(rule, type=typ))
     return out
 
 
-def build_options(cls: type, values: Mapping[str, Any], prefix: str = "") -> Any:
-    """Instantiate an options dataclass from flat `{key: value}` (keys without prefix)."""
-    fields = _field_types(cls)
-    by_key = {key_of(name): name for name in fields}
-    kwargs = {}
-    for key, value in values.items():
-        if key not in by_key:
-            allowed = ", ".join(sorted(prefix + k for k in by_key)) or "(none)"
-            raise ConfigError(f"{prefix}{key}={value!r}: unknown key; allowed: {allowed}")
-        name = by_key[key]
-        typ, meta = fields[name]
-        kwargs[name] = check_value(prefix + key, value, typ, meta)
-    return cls(**kwargs)
+def build_options(cls: type, values: dict[str, Any], prefix: str = "") -> Any:
+    """Instantiate an options dataclass from flat `{key: value}` (keys without prefix), each value checked."""
+    opts = options_of(cls)
+    checked = resolve({k: o.rule for k, o in opts.items()}, values, prefix)
+    return cls(**{opts[k].name: v for k, v in checked.items()})
 
 
 def flat_defaults(cls: type, prefix: str = "") -> dict[str, Any]:
     """The dataclass' defaults as flat config keys (what pyproject.toml must list)."""
-    inst = cls()
-    return {prefix + key_of(n): getattr(inst, n) for n in _field_types(cls)}
+    return {prefix + k: o.rule.default for k, o in options_of(cls).items()}
 
 
 def option_values(obj: Any, prefix: str = "") -> dict[str, Any]:
-    return {prefix + key_of(n): getattr(obj, n) for n in _field_types(type(obj))}
+    return {prefix + k: getattr(obj, o.name) for k, o in options_of(type(obj)).items()}

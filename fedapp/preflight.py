@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 from fedapp.config import RunConfig, check_data, method_scoped
-from fedapp.options import AUTO, ConfigError
+from fedapp.options import AUTO, ConfigError, refuse
 
 BUILTIN_MODELS = ("cnn", "cnn-gap", "resnet10", "resnet18")  # fedapp.models.classifier.CNNS, RESNET_DEPTHS
 
@@ -23,14 +23,14 @@ BUILTIN_MODELS = ("cnn", "cnn-gap", "resnet10", "resnet18")  # fedapp.models.cla
 def check_out_dir(cfg: RunConfig) -> None:
     root = Path(cfg.out_dir).expanduser()
     if root.exists() and not root.is_dir():
-        raise ConfigError(f"out-dir={cfg.out_dir!r}: is a file; must be a folder results can be written to")
+        raise refuse("out-dir", cfg.out_dir, "is a file; must be a folder results can be written to")
     try:
         root.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=root):
             pass
     except OSError as err:
-        raise ConfigError(f"out-dir={cfg.out_dir!r}: not writable ({err.strerror or err}); "
-                          "must be a folder results can be written to") from None
+        raise refuse("out-dir", cfg.out_dir, f"not writable ({err.strerror or err}); "
+                                             "must be a folder results can be written to") from None
 
 
 def hub_offline() -> bool:
@@ -91,8 +91,9 @@ def check_dataset(cfg: RunConfig) -> None:
         return
     why = hub_down()
     if why:
-        raise ConfigError(f"dataset={cfg.dataset!r}: not in the local Hugging Face cache and {why}; allowed: a "
-                          "built-in name, a folder, or a hub dataset id that is cached or reachable")
+        raise refuse("dataset", cfg.dataset, f"not in the local Hugging Face cache and {why}; allowed: a "
+                                             "built-in name, a folder, or a hub dataset id that is cached or "
+                                             "reachable")
 
 
 def check_prior(cfg: RunConfig) -> None:
@@ -105,8 +106,8 @@ def check_prior(cfg: RunConfig) -> None:
         raise ConfigError(str(err).splitlines()[0]) from None
     why = hub_missing(src.location, "model_index.json") if src.kind == "hub" else None
     if why:
-        raise ConfigError(f"prior={cfg.prior!r}: {why}; "
-                          "allowed: 'tiny', an SD-1.5-layout folder, or a hub id that is cached or reachable")
+        raise refuse("prior", cfg.prior, f"{why}; allowed: 'tiny', an SD-1.5-layout folder, or a hub id that is "
+                                         "cached or reachable")
 
 
 def check_model(cfg: RunConfig) -> None:
@@ -118,13 +119,13 @@ def check_model(cfg: RunConfig) -> None:
     allowed = f"allowed: {', '.join(BUILTIN_MODELS)}, a transformers ResNet folder or hub id"
     if path.is_dir():
         if not (path / "config.json").is_file():
-            raise ConfigError(f"model={name!r}: folder has no config.json; {allowed}")
+            raise refuse("model", name, f"folder has no config.json; {allowed}")
         return
     if name.startswith((".", "/", "~")) or name.count("/") != 1:
-        raise ConfigError(f"model={name!r}: no such folder and not a hub id; {allowed}")
+        raise refuse("model", name, f"no such folder and not a hub id; {allowed}")
     why = hub_missing(name, "config.json")
     if why:
-        raise ConfigError(f"model={name!r}: {why}; {allowed}")
+        raise refuse("model", name, f"{why}; {allowed}")
 
 
 def check_image_size(cfg: RunConfig) -> None:
@@ -135,8 +136,8 @@ def check_image_size(cfg: RunConfig) -> None:
 
         size = prior_image_size(cfg.prior, cfg.dataset)
         if explicit != size:
-            raise ConfigError(f"image-size={explicit}: prior={cfg.prior!r} makes {size}x{size} images; "
-                              f"must be 'auto' or {size}")
+            raise refuse("image-size", explicit, f"prior={cfg.prior!r} makes {size}x{size} images; "
+                                                 f"must be 'auto' or {size}")
 
 
 def check_protocol(cfg: RunConfig) -> None:
@@ -158,13 +159,14 @@ def check_fraction_train(cfg: RunConfig) -> None:
     for key, value, does in (("fraction-train", cfg.fraction_train, "trains"),
                              ("fraction-evaluate", cfg.fraction_evaluate, "evaluates")):
         if value < 1.0 and not cfg.spec.samples_clients:
-            raise ConfigError(f"{key}={value}: method={cfg.method!r} {does} every client; must be 1.0, or pick a "
-                              f"method that samples clients ({', '.join(registry.names(lambda s: s.samples_clients))})")
+            samplers = ", ".join(registry.names(lambda s: s.samples_clients))
+            raise refuse(key, value, f"method={cfg.method!r} {does} every client; must be 1.0, or pick a "
+                                     f"method that samples clients ({samplers})")
 
 
 def check_nodes(cfg: RunConfig, num_nodes: int) -> None:
     if cfg.min_clients > num_nodes:
-        raise ConfigError(f"min-clients={cfg.min_clients}: must be <= the federation's {num_nodes} nodes")
+        raise refuse("min-clients", cfg.min_clients, f"must be <= the federation's {num_nodes} nodes")
 
 
 def sample_size_problem(cfg: RunConfig, num_nodes: int) -> str | None:
@@ -202,18 +204,18 @@ def check_resume(cfg: RunConfig) -> None:
 
     folder = Path(cfg.resume).expanduser()
     if not cfg.spec.resumable:
-        raise ConfigError(f"resume={cfg.resume!r}: method={cfg.method!r} is not resumable; allowed for the "
-                          f"resumable methods ({', '.join(registry.names(lambda s: s.resumable))})")
+        raise refuse("resume", cfg.resume, f"method={cfg.method!r} is not resumable; allowed for the "
+                                           f"resumable methods ({', '.join(registry.names(lambda s: s.resumable))})")
     if not all((folder / f).is_file() for f in ("config.json", CHECKPOINT, CHECKPOINT_META)):
-        raise ConfigError(f"resume={cfg.resume!r}: not a run folder with config.json and a checkpoint; "
-                          "must be the folder of a run that completed at least one round")
+        raise refuse("resume", cfg.resume, "not a run folder with config.json and a checkpoint; "
+                                           "must be the folder of a run that completed at least one round")
     saved = method_scoped(json.loads((folder / "config.json").read_text()), cfg.method)  # as flat() is
     now = cfg.flat()
     differ = sorted(k for k in set(saved) | set(now) if k not in RESUME_FREE_KEYS and saved.get(k) != now.get(k))
     if differ:
         k = differ[0]
-        raise ConfigError(f"resume={cfg.resume!r}: the run config differs in {k} ({now.get(k)!r} here, "
-                          f"{saved.get(k)!r} in the run); must equal the resumed run's config")
+        raise refuse("resume", cfg.resume, f"the run config differs in {k} ({now.get(k)!r} here, "
+                                           f"{saved.get(k)!r} in the run); must equal the resumed run's config")
 
 
 def preflight(cfg: RunConfig, num_nodes: int | None = None) -> None:

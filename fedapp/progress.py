@@ -72,7 +72,7 @@ def no_ray_log_dedup() -> bool:
     for name in ("ray._private.ray_constants", "ray._private.ray_logging"):  # imported: set where it is read
         module = sys.modules.get(name)
         if module is not None and hasattr(module, "RAY_DEDUP_LOGS"):
-            module.RAY_DEDUP_LOGS = False
+            setattr(module, "RAY_DEDUP_LOGS", False)
     return True
 
 

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from typing import Any, Callable
 
 from fedapp.config import APP_NAMESPACES, CommonConfig, all_defaults, parse_run_config
-from fedapp.options import _field_types, key_of
+from fedapp.options import Rule, options_of
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "configuration.md"
 COMMAND = "python -m fedapp.reference --write"
@@ -30,14 +30,15 @@ def _refusals() -> dict[str, Callable[[], Any]]:
     def run(key: str, value: Any) -> Callable[[], Any]:
         return lambda: parse_run_config({key: value})
 
-    return {"method": run("method", "?"), "partitioner.name": run("partitioner.name", "?"),
-            "device": run("device", "?"), "run-name": run("run-name", ".."),
+    def stub(**fields: Any) -> Any:  # a run config with the fields a check reads
+        return SimpleNamespace(**fields)
+
+    return {"method": run("method", "?"), "device": run("device", "?"), "run-name": run("run-name", ".."),
             "pfdm.channels": run("pfdm.channels", "?"), "feddifrc.up-blocks": run("feddifrc.up-blocks", "?"),
             "dataset": lambda: check_dataset(""), "prior": lambda: resolve_prior("?/?/?"),
-            "model": lambda: check_model(SimpleNamespace(model="?/?/?")),
-            "out-dir": lambda: check_out_dir(SimpleNamespace(out_dir=__file__)),  # a file, not a folder
-            "resume": lambda: check_resume(SimpleNamespace(resume="?/?/?", method="fedavg",
-                                                           spec=SimpleNamespace(resumable=True)))}
+            "model": lambda: check_model(stub(model="?/?/?")),
+            "out-dir": lambda: check_out_dir(stub(out_dir=__file__)),  # a file, not a folder
+            "resume": lambda: check_resume(stub(resume="?/?/?", method="fedavg", spec=stub(resumable=True)))}
 
 
 def _refusal(call: Callable[[], Any]) -> str:
@@ -53,52 +54,34 @@ def _refusal(call: Callable[[], Any]) -> str:
     raise AssertionError("the probe of a check was accepted")
 
 
-def _num(x: float) -> str:
-    return f"{x:g}"
-
-
-def _allowed(typ: type, meta: dict) -> str:
-    """An `opt(...)` field's allowed values, from its metadata."""
-    low, high = meta.get("low"), meta.get("high")
-    if meta.get("choices"):
-        text = "one of " + ", ".join(str(c) for c in meta["choices"])
-    elif typ is bool:
-        text = "true, false"
-    elif low is not None and high is not None:
-        text = f"in {'(' if meta.get('low_open') else '['}{_num(low)}, {_num(high)}]"
-    elif low is not None:
-        text = f"{'>' if meta.get('low_open') else '>='} {_num(low)}"
-    elif high is not None:
-        text = f"<= {_num(high)}"
-    else:
-        text = ""
-    return f"auto or {text}" if meta.get("auto") else text
+def _allowed(rule: Rule) -> str:
+    """A rule's allowed values as its refusal states them; a rule that checks nothing here (a string checked
+    against the data before the run), its reason."""
+    if rule.type is bool:
+        return "true, false"
+    if rule.choices is None and rule.low is None and rule.high is None:
+        return rule.reason
+    return rule.allowed()
 
 
 def _options(cls: type, prefix: str = "") -> dict[str, tuple[str, str, str]]:
     """key -> (type, allowed, help) of an options dataclass."""
-    return {prefix + key_of(name): (typ.__name__, _allowed(typ, meta), meta.get("help", ""))
-            for name, (typ, meta) in _field_types(cls).items()}
+    return {prefix + key: (o.rule.type.__name__, _allowed(o.rule), o.rule.help) for key, o in options_of(cls).items()}
 
 
 def _partitioner_params() -> dict[str, tuple[str, str, str]]:
     """key -> (type, allowed, help) of every partitioner parameter (feddata.partition)."""
-    from feddata.partition import _RANGES, PARAM_HELP, PARTITIONER_PARAMS
+    from feddata.partition import PARAMS, PARTITIONER_PARAMS
 
-    users: dict[str, list[str]] = {}
-    for partitioner, spec in PARTITIONER_PARAMS.items():
-        for key in spec:
-            users.setdefault(key, []).append(partitioner)
     out = {}
-    for key, names in users.items():
-        typ = next(spec[key][0] for spec in PARTITIONER_PARAMS.values() if key in spec)
+    for key, rule in PARAMS.items():
+        names = [name for name, spec in PARTITIONER_PARAMS.items() if key in spec]
         used = "every partitioner" if len(names) == len(PARTITIONER_PARAMS) else ", ".join(names)
-        allowed = _RANGES[key][1].removeprefix("must be ")
-        out[f"partitioner.{key}"] = (typ.__name__, allowed, f"{PARAM_HELP[key]} (used by: {used})")
+        out[f"partitioner.{key}"] = (rule.type.__name__, _allowed(rule), f"{rule.help} (used by: {used})")
     return out
 
 
-def rows() -> dict[str, dict[str, str]]:
+def rows() -> dict[str, dict[str, dict[str, str]]]:
     """Group ("run", "partitioner" or a namespace) -> key -> {type, default, allowed, help}, in pyproject's order."""
     from fedapp import registry
 
@@ -108,7 +91,7 @@ def rows() -> dict[str, dict[str, str]]:
     for ns, cls in APP_NAMESPACES.items():
         info.update(_options(cls, f"{ns}."))
     refusals = _refusals()
-    out: dict[str, dict[str, str]] = {}
+    out: dict[str, dict[str, dict[str, str]]] = {}
     for key, default in all_defaults().items():
         typ, allowed, help_ = info[key]
         if key in refusals:

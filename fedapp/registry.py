@@ -37,6 +37,12 @@ class MethodSpec:
             raise ValueError(f"MethodSpec({self.strategy!r}): namespace and options go together")
 
 
+# Traits several specs share (typed Any: each unpacks into MethodSpec's differently typed fields)
+_ROUNDS: dict[str, Any]
+_ESPRESSO: dict[str, Any]
+_PFDM: dict[str, Any]
+_DCFM: dict[str, Any]
+
 # The round-based classification methods: Flower's FedAvg loop samples clients; the global model is
 # checkpointed every round (strategies/fedavg.py), and the clients keep nothing between rounds that a
 # resumed run would lack -- except MOON's, whose previous local models live in the nodes' state.
@@ -48,7 +54,7 @@ _ESPRESSO = dict(namespace="espresso", options="fedapp.protocols.espresso:Espres
                  server_only_keys=frozenset({
                      "espresso.sampler", "espresso.zigzag-t", "espresso.zigzag", "espresso.gamma1",
                      "espresso.gamma2", "espresso.ratio", "espresso.synth-batch", "espresso.save-synthetic",
-                     "server-epochs", "run-name", "out-dir"}))
+                     "espresso.precision", "espresso.evaluate-clients", "server-epochs", "run-name", "out-dir"}))
 _PFDM = dict(namespace="pfdm", options="fedapp.protocols.pfdm:PFDMOptions")
 _DCFM = dict(namespace="dcfm", options="fedapp.protocols.dcfm:DcfmOptions",
              # what the server does after Stage I (variant, A's rounds, B's distillation, sampling, evaluation):
@@ -58,7 +64,7 @@ _DCFM = dict(namespace="dcfm", options="fedapp.protocols.dcfm:DcfmOptions",
              server_only_keys=frozenset({
                  "dcfm.variant", "dcfm.rounds", "dcfm.peer-schedule", "dcfm.distill-steps", "dcfm.replay",
                  "dcfm.replay-paths", "dcfm.path-steps", "dcfm.sample-steps", "dcfm.samples-per-pair",
-                 "dcfm.fl-local-steps", "dcfm.router-steps", "dcfm.ref-epochs", "dcfm.a-sampler",
+                 "dcfm.fl-local-steps", "dcfm.router-steps", "dcfm.ref-epochs", "dcfm.a-sampler", "dcfm.ddm-ci",
                  "num-server-rounds", "run-name", "out-dir"}),
              # A's peer-phase keys: a sweep over them finds its Stage I (`train`) in the cache
              unread_keys={"train": frozenset({"dcfm.peer-steps", "dcfm.routes-per-batch", "dcfm.route-mask"})})
@@ -137,7 +143,7 @@ def namespaces() -> list[str]:
 
 
 def options_class(namespace: str) -> type:
-    return _load(next(s.options for s in METHODS.values() if s.namespace == namespace))
+    return _load(next(s.options for s in METHODS.values() if s.namespace == namespace and s.options))
 
 
 def preflight_check(method: str) -> Callable[[Any], str | None] | None:

@@ -32,7 +32,7 @@ def _keep_ray_on_loopback() -> None:
     "cluster" mode is off; off, every Ray process binds to the loopback interface."""
     os.environ["RAY_ENABLE_WINDOWS_OR_OSX_CLUSTER"] = "0"  # read by Ray at import
     if "ray._private.ray_constants" in sys.modules:  # Ray already imported in this process
-        sys.modules["ray._private.ray_constants"].ENABLE_RAY_CLUSTER = False
+        setattr(sys.modules["ray._private.ray_constants"], "ENABLE_RAY_CLUSTER", False)
 
 
 def own_ray_under_flwr_run() -> bool:

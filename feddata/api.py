@@ -13,15 +13,13 @@ import numpy as np
 
 from .partition import Assignment, check_partitioner, partition, resolve_params
 from .sources import base_split, check_dataset, check_image_size, load_base
-from .types import ClientShard, ServerData, config_error
+from .types import ClientShard, ServerData
+from .validation import Rule
 
-
-def _check_int(key: str, value, lo: int, hi: int | None = None) -> int:
-    if (isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < lo
-            or (hi is not None and value > hi)):
-        rng = f"in [{lo}, {hi}]" if hi is not None else f">= {lo}"
-        raise config_error(key, value, f"must be an int {rng}")
-    return int(value)
+# The data calls' own arguments (the partitioner's parameters: feddata.partition.PARAMS)
+SEED = Rule(int, 0, low=0, help="seeds every draw: the partition, client training, server sampling and evaluation")
+NUM_PARTITIONS = Rule(int, low=1)
+TEST_FRACTION = Rule(float, 0.2, low=0.0, high=1.0, high_open=True)
 
 
 @functools.lru_cache(maxsize=32)
@@ -35,8 +33,8 @@ def _resolve(dataset, partitioner, params, seed, num_partitions, image_size) -> 
     check_dataset(dataset)
     check_partitioner(partitioner)
     p = resolve_params(partitioner, params)
-    seed = _check_int("seed", seed, 0)
-    n = _check_int("num-partitions", num_partitions, 1)
+    seed = SEED.check("seed", seed)
+    n = NUM_PARTITIONS.check("num-partitions", num_partitions)
     size = check_image_size(dataset, image_size)
     return p, _assignment(dataset, partitioner, tuple(sorted(p.items())), seed, n, size), size
 
@@ -83,11 +81,10 @@ def load_client_shard(
 ) -> ClientShard:
     """image_size None: the dataset's native size (feddata.native_size)."""
     p, a, image_size = _resolve(dataset, partitioner, params, seed, num_partitions, image_size)
-    pid = _check_int("partition-id", partition_id, 0, num_partitions - 1)
-    if isinstance(test_fraction, bool) or not isinstance(test_fraction, (int, float)) or not 0 <= test_fraction < 1:
-        raise config_error("test-fraction", test_fraction, "must be a number in [0, 1)")
+    pid = Rule(int, low=0, high=num_partitions - 1).check("partition-id", partition_id)
+    test_fraction = TEST_FRACTION.check("test-fraction", test_fraction)
     b = load_base(dataset, image_size)
-    train, test = _shard_rows(a, b, seed, pid, float(test_fraction))
+    train, test = _shard_rows(a, b, seed, pid, test_fraction)
     meta = {
         **a.client_meta[pid],
         "partition_id": pid,

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import numpy as np
 
 from . import builtin, hub
-from .types import BaseData, DatasetInfo, config_error
+from .types import BaseData, DatasetInfo
+from .validation import Rule, refuse
 
 DATASETS: tuple[str, ...] = builtin.BUILTINS + tuple(hub.HUB_ALIASES)
 PUBLIC_FRACTION = 0.15
@@ -15,6 +17,14 @@ TEST_FRACTION = 0.15
 # The three-way split uses its own fixed seed, not the run seed: a prior pre-trained on the
 # public split can then be cached once per dataset and has never seen any run's test data.
 SPLIT_SEED = 20240601
+# image-size, pixels per side: one rule for every dataset (and the app's image-size and classifier-size keys).
+# A hub dataset or folder is decoded a batch at a time (feddata.lazy): its size costs memory per batch, not per
+# dataset, up to the largest prior resolution in use (SD-XL's 1024 px). A built-in is rendered whole, in memory,
+# at the size asked: it stops at builtin.MAX_SIZE.
+IMAGE_SIZE = Rule(int, low=builtin.MIN_SIZE, high=1024, help="pixels per side")
+BUILTIN_IMAGE_SIZE = dataclasses.replace(IMAGE_SIZE, high=builtin.MAX_SIZE,
+                                         reason="a built-in dataset is rendered whole in memory at the size asked; "
+                                                "upsample downstream instead")
 
 
 def native_size(dataset: str) -> int:
@@ -27,21 +37,18 @@ def check_image_size(dataset: str, image_size) -> int:
     """An int in the dataset's range; None means its native size."""
     if image_size is None:
         return native_size(dataset)
-    lo, hi = (builtin.MIN_SIZE, builtin.MAX_SIZE) if dataset in builtin.BUILTINS else (4, 256)
-    if isinstance(image_size, bool) or not isinstance(image_size, (int, np.integer)) or not lo <= image_size <= hi:
-        raise config_error("image-size", image_size, f"must be an int in [{lo}, {hi}] for dataset {dataset}")
-    return int(image_size)
+    return (BUILTIN_IMAGE_SIZE if dataset in builtin.BUILTINS else IMAGE_SIZE).check("image-size", image_size)
 
 
 def check_dataset(dataset) -> str:
     if not isinstance(dataset, str) or not dataset.strip():
-        raise config_error("dataset", dataset, f"must be one of {', '.join(DATASETS)}, an HF dataset id or a folder")
+        raise refuse("dataset", dataset, f"must be one of {', '.join(DATASETS)}, an HF dataset id or a folder")
     return dataset
 
 
 def load_base(dataset: str, image_size: int | None = None) -> BaseData:
-    """Rendered (built-in) or decoded (hub/folder) table; once per process per size (None = native,
-    resolved before the cache so that None and the native size share one table)."""
+    """Rendered (built-in) or encoded (hub/folder, decoded per batch) table; once per process per size (None =
+    native, resolved before the cache so that None and the native size share one table)."""
     check_dataset(dataset)
     return _load_base(dataset, check_image_size(dataset, image_size))
 
@@ -50,7 +57,7 @@ def load_base(dataset: str, image_size: int | None = None) -> BaseData:
 def _load_base(dataset: str, image_size: int) -> BaseData:
     if dataset in builtin.BUILTINS:
         return builtin.render(dataset, image_size)
-    return hub.decode(dataset, image_size)
+    return hub.load(dataset, image_size)
 
 
 def dataset_info(dataset: str, image_size: int | None = None) -> DatasetInfo:
@@ -74,7 +81,7 @@ def base_split(dataset: str, image_size: int | None = None) -> dict[str, np.ndar
 
 
 def clear_caches() -> None:
-    """Forget every rendered/decoded table and split (tests check that a rebuild gives the same data)."""
+    """Forget every rendered/loaded table and split (tests check that a rebuild gives the same data)."""
     _load_base.cache_clear()
     _base_split.cache_clear()
     builtin.clear_caches()

@@ -7,6 +7,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from .lazy import ImageSource, LazyImages
+from .validation import refuse
+
 
 @dataclass
 class Split:
@@ -19,7 +22,7 @@ class Split:
     (e.g. synthetic images).
     """
 
-    x: torch.Tensor  # (N, C, H, W) float32 in [-1, 1]
+    x: torch.Tensor | LazyImages  # (N, C, H, W) float32 in [-1, 1]; a hub dataset's or folder's decode per batch
     y: torch.Tensor  # (N,) int64
     attrs: dict[str, torch.Tensor] = field(default_factory=dict)  # each (N,) int64
     index: torch.Tensor | None = None  # (N,) int64 row in the base table
@@ -34,7 +37,7 @@ class Split:
         elif isinstance(idx, (list, tuple)):
             idx = torch.as_tensor(idx, dtype=torch.long)
         return Split(
-            x=self.x[idx],
+            x=self.x.take(idx) if isinstance(self.x, LazyImages) else self.x[idx],
             y=self.y[idx],
             attrs={k: v[idx] for k, v in self.attrs.items()},
             index=None if self.index is None else self.index[idx],
@@ -69,15 +72,16 @@ class ServerData:
 
 
 def config_error(key: str, value, why: str) -> ValueError:
-    """The one-line user error the whole app uses: key, value, what is allowed."""
-    return ValueError(f"{key}={value}: {why}")
+    """The one-line user error the whole app uses: key, value, what is allowed (feddata.validation.refuse)."""
+    return refuse(key, value, why)
 
 
 @dataclass
 class BaseData:
-    """A dataset's whole table, rendered or decoded once per process (uint8 keeps it small)."""
+    """A dataset's whole table, once per process: a built-in rendered (uint8 keeps it small), a hub dataset or
+    folder as its encoded images (decoded a batch at a time by the splits' LazyImages)."""
 
-    x: torch.Tensor  # (N, 3, H, W) uint8
+    x: torch.Tensor | ImageSource  # (N, 3, H, W) uint8, or the encoded images
     y: np.ndarray  # (N,) int64
     attrs: dict[str, np.ndarray]  # each (N,) int64
     source: np.ndarray  # (N,) int64 source-image id; the public/test/pool split is by source
@@ -89,8 +93,10 @@ class BaseData:
     def split(self, rows: np.ndarray) -> Split:
         rows = np.array(rows, dtype=np.int64)  # a copy: cached row arrays are read-only
         rows_t = torch.from_numpy(rows)
+        x = (LazyImages(self.x, rows, self.info.image_size) if isinstance(self.x, ImageSource)
+             else self.x[rows_t].float().div_(127.5).sub_(1.0))
         return Split(
-            x=self.x[rows_t].float().div_(127.5).sub_(1.0),
+            x=x,
             y=torch.as_tensor(self.y[rows], dtype=torch.long),
             attrs={k: torch.as_tensor(v[rows], dtype=torch.long) for k, v in self.attrs.items()},
             index=rows_t.clone(),

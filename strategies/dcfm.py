@@ -7,7 +7,8 @@ Protocol (clients/dcfm.py has the client side and the equations):
    gets the N - 1 peer experts, trains its own with L_FM + lambda L_peerCI (peers frozen) and uploads it;
    `dcfm.peer-schedule = sequential` runs the clients of a round one after another instead.
    Sampling: the composite velocity over all experts (fedapp.models.compose.mixture_composite), with the
-   routing vector in expectation or drawn once a sample (`dcfm.a-sampler`).
+   routing vector in expectation or drawn once a sample (`dcfm.a-sampler`). After Stage I and after each
+   round the server records the composites' residuals and the experts' gauge figures (`ci_by_round`).
    Variant B (`dcfm.variant = b`): the server distils the frozen experts into one student on synthetic
    replay paths x^_t (`dcfm.replay`: each teacher's own, or their routed composite; L_student on y ⊙ m,
    eq. 15) plus the student's own CI
@@ -20,19 +21,23 @@ Record keys, phases and upload validation: fedapp/protocols/dcfm.py.
 
 from __future__ import annotations
 
+import logging
 from typing import Any, Callable
 
 import torch
 from flwr.app import ArrayRecord
 
-from fedapp.models.compose import (attribute_labels, ci_penalty, ci_residuals, ci_sample, composite_field,
+from fedapp.models.compose import (NULL, attribute_labels, ci_penalty, ci_residuals, ci_sample, composite_field,
                                    mask_labels, mixture_composite, of_pairs)
+from fedapp.models.flow import sample_path
 from fedapp.progress import track
 from fedapp.protocols import ARRAYS_KEY, ROUND_KEY
 from fedapp.protocols import dcfm as P
 from fedapp.server.checkpoint import save_model
 from fedapp.server.validation import check_reply, safe_reason
 from strategies.flow import FlowStrategy
+
+log = logging.getLogger("fedapp")
 
 
 # ---- variant A: the peer rounds' schedule -----------------------------------------------------------------
@@ -46,6 +51,40 @@ def peer_round_groups(ids: list[int], schedule: str) -> list[list[int]]:
     if schedule == "sequential":
         return [[a] for a in ids]
     raise ValueError(f"peer schedule {schedule!r}: allowed 'allgather', 'sequential'")
+
+
+@torch.no_grad()
+def uncond_fields(experts: dict[int, Any], x1: torch.Tensor, seed: int) -> dict[int, torch.Tensor]:
+    """Each expert's unconditional field v^(a)(x_t, t, ∅) at one set of points x_t = t x1 + (1 - t) x0, x0 and
+    t drawn from `seed` as ci_residuals draws them (so at its points): where a route whose r_0 is a peer
+    (eq. 12) puts one expert's unconditional term in another's composite."""
+    g = torch.Generator().manual_seed(seed)
+    x0 = torch.randn(x1.shape, generator=g).to(x1.device)
+    t = torch.rand(len(x1), generator=g).to(x1.device)
+    x_t, null = sample_path(x0, x1, t), torch.full((len(x1), len(P.ATTRS)), NULL, device=x1.device)
+    return {a: e(x_t, t, null) for a, e in experts.items()}
+
+
+def gauge_figures(now: dict[int, torch.Tensor], before: dict[int, torch.Tensor] | None) -> dict[str, float]:
+    """The 2-D toy's gauge diagnosis (experiments/dcfm_toy.py uncond_gap) on the experts' unconditional fields
+    (uncond_fields), each figure relative to the fields' mean squared size mean_a ||v_a||^2:
+    uncond_gap: mean_a ||v_a - mean_b v_b||^2, how far apart the experts' fields are (0: one gauge);
+    with the fields at the round's start (`before`; experts present in both):
+    uncond_moved: mean_a ||v_a - v_a(before)||^2, how far each expert's field moved in the round;
+    uncond_to_peers: mean_a ||v_a - mean_{b != a} v_b(before)||^2, how far it now sits from where its peers
+    stood. An allgather that swaps gauges instead of aligning them (the toy's failure) shows as a gap that
+    stays while uncond_to_peers falls below uncond_moved."""
+    sq = lambda d: d.pow(2).flatten(1).sum(1).mean()  # noqa: E731
+    v = torch.stack([now[a] for a in sorted(now)])
+    size = max(float(sum(sq(x) for x in v)) / len(v), 1e-12)
+    out = {"uncond_gap": float(sum(sq(x - v.mean(0)) for x in v)) / len(v) / size}
+    ids = [a for a in sorted(now) if before is not None and a in before]
+    if len(ids) >= 2:
+        total = sum(before[a] for a in ids)
+        out["uncond_moved"] = float(sum(sq(now[a] - before[a]) for a in ids)) / len(ids) / size
+        out["uncond_to_peers"] = float(sum(sq(now[a] - (total - before[a]) / (len(ids) - 1))
+                                           for a in ids)) / len(ids) / size
+    return out
 
 
 # ---- variant B: distillation into one student (eqs. 15-17) ---------------------------------------------
@@ -90,7 +129,7 @@ def replay_buffer(experts: dict[int, Any], counts: dict[int, torch.Tensor], shap
         for s in range(steps):
             t = torch.full((len(x),), s / steps, device=device)
             v = field(x, t)
-            xs.append(x), ts.append(t), ys.append(y), vs.append(v)
+            xs.append(x), ts.append(t), ys.append(y), vs.append(v)  # type: ignore[func-returns-value]
             x = x + v / steps
     return {"x": torch.cat(xs), "t": torch.cat(ts), "y": torch.cat(ys), "v": torch.cat(vs)}
 
@@ -197,14 +236,18 @@ class DcfmStrategy(FlowStrategy):
         save_model(self.run.out, self.student.state_dict())
         return {f"distill_{k}": v for k, v in stats.items()} | {"replay_states": len(buf["x"])}
 
-    def ci_diagnostics(self, limit: int = 512) -> dict[str, float]:
-        """ci_residuals on (at most `limit`) real test images of the seen pairs: variant A's experts (their own
-        composites and the mixture A samples with), variant B's student alone (its composite against its joint
-        field; the mixture entry then equals it)."""
+    def diagnostic_images(self, limit: int = 512) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x1, y): at most `limit` real test images of the seen pairs and their labels."""
         test = self.task.server.test
         ty = attribute_labels(test, P.ATTRS)
         idx = of_pairs(ty, self.task.server.meta["seen_pairs"]).nonzero()[:limit, 0]
-        x1, y = test.x[idx].float().to(self.run.device), ty[idx].to(self.run.device)
+        return test.x[idx].float().to(self.run.device), ty[idx].to(self.run.device)
+
+    def ci_diagnostics(self) -> dict[str, float]:
+        """ci_residuals on diagnostic_images: variant A's experts (their own composites and the mixture A samples
+        with), variant B's student alone (its composite against its joint field; the mixture entry then equals
+        it)."""
+        x1, y = self.diagnostic_images()
         if self.opts.variant == "b":
             nets, counts = [self.student], [sum(self.counts.values())]
         else:
@@ -212,19 +255,36 @@ class DcfmStrategy(FlowStrategy):
             nets, counts = [self.experts[a] for a in ids], [self.counts[a] for a in ids]
         return ci_residuals(nets, counts, x1, y, seed=self.run.cfg.seed + 11, route_mask=self.opts.route_mask)
 
+    def round_record(self, r: int, before: dict[int, torch.Tensor] | None
+                     ) -> tuple[dict[str, float], dict[int, torch.Tensor]]:
+        """Variant A after peer round r (0: Stage I): the composites' residuals (ci_diagnostics) and the gauge
+        figures against the round's start (gauge_figures), at the same points; and the unconditional fields,
+        the next round's `before`. What a figure of the rounds reads to tell why A fails, not only that."""
+        fields = uncond_fields(self.experts, self.diagnostic_images()[0], seed=self.run.cfg.seed + 11)
+        rec = {"round": r, **self.ci_diagnostics(), **gauge_figures(fields, before)}
+        log.info("dcfm-a (%s) after round %d: %s", self.opts.peer_schedule, r,
+                 ", ".join(f"{k} {v:.4f}" for k, v in rec.items() if k != "round"))
+        return rec, fields
+
     def execute(self, grid) -> dict[str, Any]:
         nodes = self.setup(grid)
         self.stage_one(grid, nodes, self.opts.lambda_ci)  # L_FM + lambda L_CI
         extra: dict[str, Any] = {"variant": self.opts.variant}
         if self.opts.variant == "a":
-            for r in range(1, self.opts.rounds + 1):
-                with self.run.phase(f"peer_round{r}"):  # each expert retrained with L_peerCI, peers frozen
-                    self.peer_round(grid, r)
-            extra["rounds"] = self.opts.rounds
+            trace, fields = [], None
+            for r in range(self.opts.rounds + 1):
+                if r:
+                    with self.run.phase(f"peer_round{r}"):  # each expert retrained with L_peerCI, peers frozen
+                        self.peer_round(grid, r)
+                rec, fields = self.round_record(r, fields)
+                trace.append(rec)
+            extra.update(rounds=self.opts.rounds, peer_schedule=self.opts.peer_schedule, ci_by_round=trace,
+                         ci_residual_self=trace[-1]["ci_residual_self"],
+                         ci_residual_mixture=trace[-1]["ci_residual_mixture"])
         else:
             with self.run.phase("distill"):
                 extra.update(self.distill())
             student = ArrayRecord({k: v.cpu() for k, v in self.student.state_dict().items()})
             self.exchange(grid, P.RECEIVE, sorted(self.node_of.values()), lambda n: {ARRAYS_KEY: student})
-        extra.update(self.ci_diagnostics())
+            extra.update(self.ci_diagnostics())
         return self.finish(extra)

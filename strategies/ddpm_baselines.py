@@ -22,10 +22,11 @@ from flwr.app import ArrayRecord, MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedapp.data import all_client_shards
+from fedapp.models.checkpoints import run_train_state
 from fedapp.models.ddpm import build_ddpm, train_ddpm
 from fedapp.protocols import pfdm as P
 from fedapp.protocols.records import partition_of, tensors_of
-from fedapp.server import PhasedStrategy, RoundStrategy
+from fedapp.server import PhasedStrategy, RoundStrategy, ServerRun
 from fedapp.server.checkpoint import save_model
 from strategies.generation_eval import GenerationEval, memorisation, sample_model
 
@@ -34,7 +35,8 @@ log = logging.getLogger("fedapp")
 NO_MIA = {"mia_auc": None, "mia_attack_accuracy": None, "mia_tpr_at_1fpr": None}
 
 
-def score_released_model(run, ev: GenerationEval, model, num_partitions: int, name: str) -> dict[str, Any]:
+def score_released_model(run: ServerRun[P.PFDMOptions], ev: GenerationEval, model, num_partitions: int,
+                         name: str) -> dict[str, Any]:
     """One model for every client: its samples' distances (the same for each client), MIA against
     client 0's training images and the memorisation check against every client's training images."""
     cfg, o = run.cfg, run.cfg.options
@@ -49,6 +51,8 @@ def score_released_model(run, ev: GenerationEval, model, num_partitions: int, na
 
 
 class LocalOnlyStrategy(PhasedStrategy):
+    run: ServerRun[P.PFDMOptions]
+
     def execute(self, grid) -> dict[str, Any]:
         run = self.run
         nodes = sorted(grid.get_node_ids())
@@ -70,8 +74,9 @@ class FedAvgDDPMStrategy(RoundStrategy):
 
     train_phase = P.FEDAVG_TRAIN
     name = "fedavg_ddpm"
+    run: ServerRun[P.PFDMOptions]
 
-    def __init__(self, run):
+    def __init__(self, run: ServerRun[P.PFDMOptions]):
         super().__init__(run, train_metrics_aggr_fn=self.aggregate_train_metrics)
 
     @staticmethod
@@ -122,6 +127,8 @@ class DPDMStrategy(FedAvgDDPMStrategy):
 class CentralizedDDPMStrategy(PhasedStrategy):
     """An oracle: no exchange with the clients."""
 
+    run: ServerRun[P.PFDMOptions]
+
     def execute(self, grid) -> dict[str, Any]:
         cfg, o, run = self.run.cfg, self.run.cfg.options, self.run
         nodes = sorted(grid.get_node_ids())
@@ -134,7 +141,8 @@ class CentralizedDDPMStrategy(PhasedStrategy):
             torch.manual_seed(cfg.seed)
             model = build_ddpm(cfg.image_size, ev.num_classes, flag=False, channels=o.channels)
             train_ddpm(model, x, y, steps=o.shared_steps, batch=o.batch, lr=o.lr, seed=cfg.seed, device=run.device,
-                       ema=o.ema, p_uncond=o.p_uncond)
+                       ema=o.ema, p_uncond=o.p_uncond, state=run_train_state(cfg, "centralized-ddpm"))
+        save_model(run.out, model.state_dict())
         metrics = score_released_model(run, ev, model.cpu().eval(), len(nodes), "centralized_ddpm")
         metrics.update({"oracle": True, "num_train": len(x)})
         run.out.log_metrics({"phase": "final", **metrics})

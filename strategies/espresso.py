@@ -11,8 +11,8 @@ One round (clients/espresso.py has the client side):
    probability |D^j_{k,y}| / n_{k,y}, Z-sampling (fedapp/models/prior/samplers.py: T_z, gamma1 > gamma2, CFG against
    the empty prompt), decoded: the synthetic set D'_k.
 3. The global classifier (config key `model`) is trained on the union of all D'_k (`server-epochs`),
-   evaluated on the server's global test set (per domain) and sent to the clients (`evaluate`),
-   which report its accuracy on their real test split.
+   evaluated on the server's global test set (per domain) and sent to the clients (`evaluate`; all, a
+   seeded sample or none: espresso.evaluate-clients), which report its accuracy on their real test split.
 
 Switches (the paper's ablation): espresso.conditions = prompts | class | cluster (C),
 espresso.init = gaussian | gmm (G), espresso.sampler = ddim | zigzag (Z). Registered baselines with
@@ -30,12 +30,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-from typing import Any
+import random
+from typing import TYPE_CHECKING, Any
 
 import torch
 from flwr.app import ConfigRecord, Message, RecordDict
 
+from fedapp.data import for_classifier
 from fedapp.images import save_class_grid
+from fedapp.options import AUTO
 from fedapp.progress import Progress
 from fedapp.protocols import CLIENT_KEY, DOMAIN_KEY, METRICS_KEY
 from fedapp.protocols import espresso as P
@@ -43,6 +46,9 @@ from fedapp.protocols.records import partition_of, record_nbytes, tensors_of
 from fedapp.seeds import derive_seed
 from fedapp.server import ServerRun, keep_valid
 from strategies.oneshot import OneShotStrategy, train_global_classifier
+
+if TYPE_CHECKING:
+    from fedapp.models.prior import Prior
 
 log = logging.getLogger("fedapp")
 
@@ -119,8 +125,9 @@ class EspressoStrategy(OneShotStrategy):
     """train (one upload per client) -> synthesis -> global classifier -> evaluate."""
 
     FIXED: dict[str, Any] = {}  # switches a registered baseline pins (prompts, class-embed)
+    run: ServerRun[P.EspressoOptions]
 
-    def __init__(self, run: ServerRun):
+    def __init__(self, run: ServerRun[P.EspressoOptions]):
         super().__init__(run)
         opts = dataclasses.replace(run.cfg.options, **self.FIXED)
         self.opts: P.EspressoOptions = dataclasses.replace(opts, gamma1=P.guidance(opts, run.cfg))
@@ -128,7 +135,7 @@ class EspressoStrategy(OneShotStrategy):
         self.upload_bytes: dict[int, int] = {}
         self.domains: dict[int, str] = {}  # partition id -> domain, when the data has domains
         self.client_seconds: dict[int, float] = {}  # partition id -> seconds of its client work
-        self.prior = None
+        self.prior: Prior | None = None  # loaded by the evaluation phase
         self._prior_records: dict[str, Any] | None = None
 
     def run_config_record(self, **extra: Any) -> ConfigRecord:
@@ -236,6 +243,16 @@ class EspressoStrategy(OneShotStrategy):
 
         save_tensors(self.run.out, P.SYNTHETIC_FILE, {"x": x, "y": y, "client": who})
 
+    # ---- evaluation -----------------------------------------------------------------------------------
+    def evaluation_nodes(self, nodes: list[int]) -> list[int]:
+        """The nodes the evaluate phase sends the classifier to (espresso.evaluate-clients): every node, or a
+        sample of that many drawn from the run seed (every node at 1,000 clients is 1.6 GB of classifiers down),
+        or none."""
+        n = self.opts.evaluate_clients
+        if n == AUTO or n >= len(nodes):  # type: ignore[operator]  # n is an int once not AUTO
+            return nodes
+        return sorted(random.Random(derive_seed(self.run.cfg.seed, "evaluate-clients")).sample(sorted(nodes), n))  # type: ignore[arg-type]  # noqa: E501
+
     # ---- the protocol -------------------------------------------------------------------------------
     def execute(self, grid) -> dict[str, Any]:
         from fedapp.models.prior import load_or_build_prior
@@ -256,10 +273,11 @@ class EspressoStrategy(OneShotStrategy):
             if self.opts.save_synthetic:
                 self.save_synthetic(x, y, who)
         with run.phase("classifier", f"{cfg.server_epochs} epochs on {len(x)} synthetic images"):
+            x = for_classifier(x, cfg)  # synthesised at the prior's size, trained on at classifier-size
             model = train_global_classifier(cfg.model, x, y, server.info.num_classes, epochs=cfg.server_epochs,
                                             seed=cfg.seed, device=run.device)
 
-        metrics = self.evaluate_classifier(grid, model, server, nodes)
+        metrics = self.evaluate_classifier(grid, model, server, self.evaluation_nodes(nodes))
         metrics.update({
             "upload_bytes_per_client": {str(k): v for k, v in sorted(self.upload_bytes.items())},
             "client_seconds": {str(k): v for k, v in sorted(self.client_seconds.items())},

@@ -24,8 +24,9 @@ from strategies.fedavg import FedAvgStrategy
 
 class FedDifRCStrategy(FedAvgStrategy):
     train_phase = P.TRAIN  # FedAvg's, with the regulariser and cache metrics
+    run: ServerRun[P.FedDifRCOptions]
 
-    def __init__(self, run: ServerRun):
+    def __init__(self, run: ServerRun[P.FedDifRCOptions]):
         super().__init__(run)
         self._cache: dict[int, dict[str, float]] = {}
 

@@ -52,8 +52,9 @@ class FedFlowStrategy(RoundStrategy):
     evaluate round: the global model is scored once, on the server, after the last round)."""
 
     train_phase = P.TRAIN
+    run: ServerRun[P.DcfmOptions]
 
-    def __init__(self, run: ServerRun):
+    def __init__(self, run: ServerRun[P.DcfmOptions]):
         super().__init__(run)
         self.uploads = 0  # valid uploads of the last round: the summary's num_experts
 
@@ -186,7 +187,7 @@ class DdmStrategy(FlowStrategy):
 
     def execute(self, grid) -> dict[str, Any]:
         nodes = self.setup(grid)
-        self.stage_one(grid, nodes, 0.0)
+        self.stage_one(grid, nodes, self.opts.lambda_ci if self.opts.ddm_ci else 0.0)  # DDM+L: DCFM's Stage I
         ids, recs = self.frozen()
         experts, counts = [self.experts[a] for a in ids], [self.counts[a] for a in ids]
         with self.run.phase("router"):

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from flwr.serverapp.strategy import FedProx
 
+from fedapp.protocols.fedprox import FedProxOptions
 from fedapp.server import ServerRun
 from strategies.fedavg import FedAvgStrategy
 
 
 class FedProxStrategy(FedAvgStrategy, FedProx):
-    def __init__(self, run: ServerRun):
+    run: ServerRun[FedProxOptions]
+
+    def __init__(self, run: ServerRun[FedProxOptions]):
         super().__init__(run, proximal_mu=run.cfg.options.mu)

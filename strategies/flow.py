@@ -36,7 +36,7 @@ Sampler = Callable[[torch.Tensor, int], Callable]
 class FlowTask:
     """The composition data on the server and the velocity net every upload must match."""
 
-    def __init__(self, run: ServerRun, server):
+    def __init__(self, run: ServerRun[P.DcfmOptions], server):
         cfg = run.cfg
         if "novel_pairs" not in server.meta:
             from feddata import with_attribute
@@ -71,7 +71,7 @@ class FlowTask:
 class FlowEvaluation:
     """The final figures of every composition method, from its sampler and the run's metered bytes."""
 
-    def __init__(self, run: ServerRun, task: FlowTask):
+    def __init__(self, run: ServerRun[P.DcfmOptions], task: FlowTask):
         self.run, self.task, self.opts = run, task, task.opts
 
     def reference_classifiers(self) -> dict[str, Reader]:
@@ -153,7 +153,9 @@ class FlowEvaluation:
 class FlowStrategy(PhasedStrategy):
     """A phased composition method: Stage I experts, the method's own phases, the shared evaluation."""
 
-    def __init__(self, run: ServerRun):
+    run: ServerRun[P.DcfmOptions]
+
+    def __init__(self, run: ServerRun[P.DcfmOptions]):
         super().__init__(run)
         self.opts: P.DcfmOptions = run.cfg.options
         self.experts: dict[int, Any] = {}  # partition id -> frozen velocity net

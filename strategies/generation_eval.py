@@ -4,7 +4,8 @@ server, so that every row of the PFDM table is measured the same way.
 - GenerationEval: a reference classifier (SmallCNN on the server's real public split) embeds real test
   images and samples; Frechet distance and KID per class group (majority / minority), NOT Inception; sample
   grids; the loss-threshold membership-inference attack on a model trained on clean data.
-- loss_scores, unit, memorisation: the attack scores the strategies also apply to what they hold.
+- the attack scores the strategies also apply to what they hold (loss_scores, unit, memorisation) are the
+  privacy audit's: fedapp/audit/scores.py.
 - sample_model: class-balanced samples of a model released as a whole (no private half).
 """
 
@@ -15,42 +16,14 @@ from typing import Any
 import numpy as np
 import torch
 
+from fedapp.audit.scores import MEMO_RATIO, loss_scores, memorisation, unit  # noqa: F401 (this module's callers')
 from fedapp.data import server_data
 from fedapp.images import sample_grid, save_class_grid
 from fedapp.models.ddpm import DDPM
+from fedapp.protocols.pfdm import PFDMOptions
+from fedapp.server import ServerRun
 
 MIA_T_RANGE = (0, 300)  # attacker's levels for a model trained on clean data: small t reveal the most
-MIA_DRAWS = 8           # (t, noise) draws per sample, averaged into one loss score
-MEMO_RATIO = 1 / 3      # memorised: nearest training image < 1/3 of the distance to the second nearest
-
-
-@torch.no_grad()
-def loss_scores(model: DDPM, x: torch.Tensor, y: torch.Tensor, t_range: tuple[int, int], seed: int,
-                source_t: int | None = None, draws: int = MIA_DRAWS, batch: int = 256) -> np.ndarray:
-    """Loss-threshold MIA score: minus the per-sample epsilon loss averaged over `draws` (t, z) draws."""
-    g = torch.Generator().manual_seed(seed)
-    model.eval()
-    total = torch.zeros(len(x))
-    for _ in range(draws):
-        for i in range(0, len(x), batch):
-            total[i:i + batch] += model.loss(x[i:i + batch], y[i:i + batch], t_range=t_range, source_t=source_t,
-                                             generator=g, reduction="none").cpu()
-    return (-total / draws).numpy()
-
-
-def unit(x: torch.Tensor) -> torch.Tensor:
-    """Images as unit vectors: distances that ignore the clipping scale."""
-    f = x.flatten(1).double()
-    return f / f.norm(dim=1, keepdim=True).clamp_min(1e-12)
-
-
-def memorisation(generated: torch.Tensor, train: torch.Tensor) -> dict[str, float]:
-    """Nearest-neighbour check: share of generations whose nearest training image is closer than
-    MEMO_RATIO x the second nearest (unit-normalised L2), and the mean nearest distance."""
-    d = torch.cdist(unit(generated), unit(train))
-    two = d.topk(2, dim=1, largest=False).values
-    return {"memorised_fraction": float((two[:, 0] < MEMO_RATIO * two[:, 1]).double().mean()),
-            "nn_distance": float(two[:, 0].mean())}
 
 
 def sample_model(model: DDPM, n: int, num_classes: int, steps: int, seed: int, guidance: float = 1.0):
@@ -64,7 +37,7 @@ class GenerationEval:
     on the dataset's real images outside its test split) embeds real test images and samples; Frechet distance
     and KID per class group (NOT Inception)."""
 
-    def __init__(self, run, num_partitions: int):
+    def __init__(self, run: ServerRun[PFDMOptions], num_partitions: int):
         from fedapp.readers import server_reader
 
         cfg, o = run.cfg, run.cfg.options
@@ -126,14 +99,14 @@ class GenerationEval:
         """Distances per client; the headline figures are client 0's (the paper reports the first client)."""
         per = {str(pid): self.distances(x, y) for pid, (x, y) in sorted(samples.items())}
         head = per.get("0", next(iter(per.values())))
-        out = {f"{prefix}{k}": v for k, v in head.items()}
+        out: dict[str, Any] = {f"{prefix}{k}": v for k, v in head.items()}
         out[f"{prefix}per_client"] = per
         return out
 
     def mia_clean(self, model: DDPM, member_x: torch.Tensor, member_y: torch.Tensor) -> dict[str, float]:
         """Loss-threshold MIA on a model trained on clean data: members = client 0's training images,
         non-members = the server's held-out test images; levels MIA_T_RANGE."""
-        from fedapp.metrics import mia_figures
+        from fedapp.audit.membership import mia_figures
 
         n = min(self.run.cfg.options.attack_samples, len(member_x), len(self.server.test))
         g = torch.Generator().manual_seed(self.run.cfg.seed)

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 from fedapp.models.classifier import build_classifier
 from fedapp.protocols import moon as P
+from fedapp.server import ServerRun
 from strategies.fedavg import FedAvgStrategy
 
 
 class MoonStrategy(FedAvgStrategy):
     train_phase = P.TRAIN  # FedAvg's, with the train_con metric
+    run: ServerRun[P.MoonOptions]
 
     def build_model(self):
         cfg = self.run.cfg

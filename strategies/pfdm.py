@@ -29,11 +29,12 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord
 
+from fedapp.models.checkpoints import run_train_state
 from fedapp.models.ddpm import DDPM, build_ddpm, shared_objective, shared_sample, split_steps, train_ddpm
 from fedapp.privacy import privacy_record, privatize, resolve_t0
 from fedapp.protocols import pfdm as P
 from fedapp.protocols.records import partition_of, tensors_of
-from fedapp.server import PhasedStrategy
+from fedapp.server import PhasedStrategy, ServerRun
 from fedapp.server.checkpoint import save_model
 from strategies.generation_eval import GenerationEval
 from strategies.pfdm_attacks import attacks
@@ -69,7 +70,9 @@ def t0_match_figures(at_t0: torch.Tensor, real: torch.Tensor, held_out: list[tor
 
 
 class PFDMStrategy(PhasedStrategy):
-    def __init__(self, run):
+    run: ServerRun[P.PFDMOptions]
+
+    def __init__(self, run: ServerRun[P.PFDMOptions]):
         super().__init__(run)
         o = run.cfg.options
         self.t0 = resolve_t0(o.t0, o.epsilon, o.clip, o.delta, o.accountant)
@@ -83,7 +86,7 @@ class PFDMStrategy(PhasedStrategy):
         t_range, source_t = shared_objective(o.shared, self.t0, shared.T)
         loss = train_ddpm(shared, x, y, steps=o.shared_steps, batch=o.batch, lr=o.lr, seed=cfg.seed,
                           t_range=t_range, source_t=source_t, device=self.run.device, ema=o.ema,
-                          p_uncond=o.p_uncond)
+                          p_uncond=o.p_uncond, state=run_train_state(cfg, "shared"))
         self.run.out.log_metrics({"phase": "shared", "loss": loss, "num_uploads": len(x)})
         return shared.cpu()
 

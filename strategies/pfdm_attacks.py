@@ -6,8 +6,8 @@
 - a reconstruction attempt of client 0's images from its uploads, with a denoiser the server trains on
   its public data.
 
-The attack scores themselves (loss_scores, memorisation, unit) are every generation method's:
-strategies/generation_eval.py. Seeds are fixed offsets of the run seed, so the figures repeat exactly.
+The attack scores themselves (loss_scores, memorisation, unit, mia_figures) are the privacy audit's, one
+mechanism for every method: fedapp/audit/. Seeds are fixed offsets of the run seed, so the figures repeat exactly.
 """
 
 from __future__ import annotations
@@ -16,18 +16,21 @@ from typing import Any
 
 import torch
 
+from fedapp.audit.scores import loss_scores, memorisation, unit
 from fedapp.data import all_client_shards
+from fedapp.models.checkpoints import run_train_state
 from fedapp.models.ddpm import DDPM, build_ddpm, shared_objective, train_ddpm
 from fedapp.privacy import clip_norm, privatize
 from fedapp.protocols import pfdm as P
+from fedapp.config import RunConfig
 from fedapp.server import ServerRun
-from strategies.generation_eval import GenerationEval, loss_scores, memorisation, unit
+from strategies.generation_eval import GenerationEval
 
 
-def attacks(run: ServerRun, t0: int, ev: GenerationEval, shared: DDPM, uploads: dict,
+def attacks(run: ServerRun[P.PFDMOptions], t0: int, ev: GenerationEval, shared: DDPM, uploads: dict,
             union: tuple[torch.Tensor, torch.Tensor], num_partitions: int) -> dict[str, Any]:
     """The three attacks' figures. `uploads`: partition id -> its release {X, Y}; `union`: all of them as (x~, y)."""
-    from fedapp.metrics import mia_figures
+    from fedapp.audit.membership import mia_figures
 
     cfg, o = run.cfg, run.cfg.options
     g = torch.Generator().manual_seed(cfg.seed + 7)
@@ -63,7 +66,8 @@ def shared_generation(shared: DDPM, y: torch.Tensor, t0: int, mode: str, sample_
     return shared.x0_estimate(x_t, shared.eps(x_t, t0 + 1, y), t0 + 1).clamp(-1, 1)
 
 
-def reconstruction(run: ServerRun, t0: int, ev: GenerationEval, uploads: dict, shards: list) -> dict[str, float]:
+def reconstruction(run: ServerRun[P.PFDMOptions], t0: int, ev: GenerationEval, uploads: dict,
+                   shards: list) -> dict[str, float]:
     """Reconstruction attempt: a denoiser trained by the server on its public data (clipped, levels
     (0, t0]) denoises client 0's uploads t0 -> 0. Scored on unit-normalised images: distance to the true
     image vs to a random training image of the same class (labels are public), and how often the true
@@ -72,16 +76,11 @@ def reconstruction(run: ServerRun, t0: int, ev: GenerationEval, uploads: dict, s
     pid = 0 if 0 in uploads else min(uploads)
     up, truth = uploads[pid], shards[pid].train
     n = min(o.attack_samples, len(truth))
-    torch.manual_seed(cfg.seed + 9)
-    attacker = build_ddpm(cfg.image_size, ev.num_classes, flag=False, channels=o.channels)
-    pub = ev.server.public
-    train_ddpm(attacker, clip_norm(pub.x, o.clip), pub.y, steps=o.shared_steps, batch=o.batch, lr=o.lr,
-               seed=cfg.seed + 9, t_range=(0, t0), device=run.device, ema=o.ema, p_uncond=o.p_uncond)
-    attacker = attacker.cpu()
+    attacker = public_attacker(cfg, t0, ev.server.public, ev.num_classes, run.device,
+                               state=run_train_state(cfg, "attacker"))
     g = torch.Generator().manual_seed(cfg.seed + 10)
     idx = torch.randperm(len(truth), generator=g)[:n]
-    y = up[P.Y][idx].long()
-    x_hat = attacker.sample(n, y, t_start=t0, t_end=0, x_start=up[P.X][idx].float(), steps=o.sample_steps, generator=g)
+    x_hat = invert(attacker, up[P.X][idx], up[P.Y][idx], t0, o.sample_steps, g)
     d_all = torch.cdist(unit(x_hat), unit(truth.x))
     d_true = d_all[torch.arange(n), idx]
     rand = torch.stack([same_class_other(truth.y, int(i), g) for i in idx])
@@ -92,6 +91,28 @@ def reconstruction(run: ServerRun, t0: int, ev: GenerationEval, uploads: dict, s
             "recon_closer_than_random": float((d_true < d_rand).double().mean()),
             "recon_identified": float((d_all.argmin(1) == idx).double().mean()),
             "recon_identified_chance": 1.0 / len(truth)}
+
+
+def public_attacker(cfg: RunConfig[P.PFDMOptions], t0: int, public: Any, num_classes: int, device: str,
+                    state: Any = None) -> DDPM:
+    """The reconstruction attacker: a denoiser the server trains on its public data (clipped as the clients
+    clip), levels (0, t0], at the shared denoiser's budget and recipe (`state`: train_ddpm's checkpoint). The
+    privacy audit (experiments/privacy_audit.py) inverts every client's uploads with it."""
+    o = cfg.options
+    torch.manual_seed(cfg.seed + 9)
+    attacker = build_ddpm(cfg.image_size, num_classes, flag=False, channels=o.channels)
+    train_ddpm(attacker, clip_norm(public.x, o.clip), public.y, steps=o.shared_steps, batch=o.batch, lr=o.lr,
+               seed=cfg.seed + 9, t_range=(0, t0), device=device, ema=o.ema, p_uncond=o.p_uncond, state=state)
+    return attacker.cpu()
+
+
+@torch.no_grad()
+def invert(attacker: DDPM, x_up: torch.Tensor, y_up: torch.Tensor, t0: int, steps: int,
+           g: torch.Generator) -> torch.Tensor:
+    """Uploads x~ (level t0; their labels travel in the clear) denoised t0 -> 0 by the attacker: its guesses
+    of the images."""
+    return attacker.sample(len(y_up), y_up.long(), t_start=t0, t_end=0, x_start=x_up.float(), steps=steps,
+                           generator=g)
 
 
 def same_class_other(y: torch.Tensor, i: int, g: torch.Generator) -> torch.Tensor:

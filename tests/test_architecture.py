@@ -226,10 +226,12 @@ def test_no_code_path_pins_work_to_the_cpu():
 
 
 def test_options_is_the_ground_floor():
-    """fedapp/options.py imports nothing of the project: every layer can declare options without a loop;
-    the method protocols take `opt` and `ConfigError` from it, not from fedapp/config.py."""
+    """feddata/validation.py (what a config value may be, and the one error a bad one raises) imports nothing of
+    the project, fedapp/options.py nothing but it: every layer can declare options without a loop; the method
+    protocols take `opt` and `ConfigError` from fedapp/options.py, not from fedapp/config.py."""
     graph = _graph()
-    assert graph["fedapp.options"] == set()
+    assert graph["feddata.validation"] == set()
+    assert graph["fedapp.options"] == {"feddata.validation"}
     protocols = [m for m in graph if m.startswith("fedapp.protocols.")]
     assert protocols and not any("fedapp.config" in graph[m] for m in protocols)
 

@@ -72,7 +72,7 @@ def test_the_recipe_learns_real_digits_where_the_old_one_sits_at_chance():
     from clients.classify import local_train
     from fedapp.models.classifier import accuracy
 
-    shard = feddata.load_client_shard("mnist-5k", "iid", {}, 0, 0, 3)
+    shard = feddata.load_client_shard("mnist-5k", "iid", {"per-class": 0}, 0, 0, 3)
     x, y, tx, ty = shard.train.x[:1000], shard.train.y[:1000], shard.test.x[:300], shard.test.y[:300]
     acc = {}
     for name in ("cnn", "cnn-gap"):

@@ -5,6 +5,8 @@ from pathlib import Path
 
 import pytest
 
+import feddata
+import numpy as np
 from fedapp.config import ConfigError, all_defaults, parse_run_config
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -39,12 +41,12 @@ def test_int_is_accepted_for_float_and_partitioner_params_are_typed():
 
 @pytest.mark.parametrize("flat, needle", [
     ({"method": "nope"}, "method='nope': must be one of"),
-    ({"lr": -0.1}, "lr=-0.1: must be > 0.0"),
+    ({"lr": -0.1}, "lr=-0.1: must be > 0"),
     ({"num-server-rounds": 0}, "num-server-rounds=0: must be >= 1"),
     ({"num-server-rounds": "3"}, "num-server-rounds='3': must be of type int"),
     ({"partitioner": "dirichlet", "partitioner.alpha": -1.0}, "partitioner.alpha"),
     ({"bogus-key": 1}, "bogus-key=1: unknown key"),
-    ({"fedprox.mu": -1.0}, "fedprox.mu=-1.0: must be >= 0.0"),
+    ({"fedprox.mu": -1.0}, "fedprox.mu=-1.0: must be >= 0"),
     ({"fedprox.nu": 1.0}, "fedprox.nu=1.0: unknown key"),
     ({"device": "tpu"}, "device='tpu'"),
     ({"lr": float("inf")}, "lr=inf: must be a finite number"),
@@ -59,6 +61,98 @@ def test_bad_values_give_one_line_naming_key_and_allowed(flat, needle):
     msg = str(err.value)
     assert needle in msg
     assert "\n" not in msg
+
+
+# ---- one check for every entry point (feddata.validation) -------------------------------------------------------
+def _app(key: str, **extra):
+    """A bad value for `key` through the run config, with `extra` keys (the partitioner that reads it)."""
+    return lambda v: parse_run_config({**all_defaults(), **extra, key: v})
+
+
+# (key, how a value reaches its check): a run-config option, a partitioner parameter (through the run config and
+# through feddata's own call), a data call's argument (through the run config and through feddata's)
+INT_AT_LEAST_0 = [
+    ("espresso.embed-steps", _app("espresso.embed-steps")),
+    ("partitioner.min-partition-size", _app("partitioner.min-partition-size", **{"partitioner.name": "dirichlet"})),
+    ("partitioner.min-partition-size", lambda v: feddata.resolve_params("dirichlet", {"min-partition-size": v})),
+    ("seed", _app("seed")),
+    ("seed", lambda v: feddata.validate("digits", "iid", {}, 2, seed=v)),
+]
+FLOAT_ABOVE_0 = [
+    ("lr", _app("lr")),
+    ("partitioner.alpha", _app("partitioner.alpha", **{"partitioner.name": "dirichlet"})),
+    ("partitioner.alpha", lambda v: feddata.resolve_params("dirichlet", {"alpha": v})),
+]
+# one rule everywhere: an int key takes an integer only, a float key an integer or a finite float
+BAD_INTS = [("3", "must be of type int"), (2.0, "must be of type int"), (True, "must be of type int"),
+            (None, "must be of type int"), (-1, "must be >= 0")]
+BAD_FLOATS = [("0.5", "must be of type float"), (False, "must be of type float"),
+              (float("nan"), "must be a finite number"), (float("inf"), "must be a finite number"),
+              (0, "must be > 0"), (-0.5, "must be > 0")]
+ENTRY_POINTS = [(key, call, BAD_INTS) for key, call in INT_AT_LEAST_0] + \
+    [(key, call, BAD_FLOATS) for key, call in FLOAT_ABOVE_0]
+
+
+@pytest.mark.parametrize("key, call, bad", ENTRY_POINTS, ids=[f"{k}-{i}" for i, (k, _, _) in enumerate(ENTRY_POINTS)])
+def test_a_bad_value_is_refused_alike_at_every_entry_point(key, call, bad):
+    for value, allowed in bad:
+        with pytest.raises(ConfigError) as err:
+            call(value)
+        assert str(err.value) == f"{key}={value!r}: {allowed}", value
+
+
+@pytest.mark.parametrize("key, call, good, typed", [
+    ("partitioner.min-partition-size", lambda v: feddata.resolve_params("dirichlet", {"min-partition-size": v}),
+     np.int64(3), 3),
+    ("partitioner.alpha", lambda v: feddata.resolve_params("dirichlet", {"alpha": v}), 1, 1.0),
+    ("lr", lambda v: parse_run_config({"lr": v}).lr, 1, 1.0),
+])
+def test_what_means_the_same_number_is_taken_as_the_keys_type(key, call, good, typed):
+    out = call(good)
+    value = out[key.removeprefix("partitioner.")] if isinstance(out, dict) else out
+    assert value == typed and type(value) is type(typed)
+
+
+def test_image_size_is_one_rule_with_a_declared_reason_for_built_ins():
+    from feddata.sources import check_image_size
+
+    with pytest.raises(ConfigError, match=r"^image-size=1025: must be 'auto' or in \[8, 1024\]$"):
+        parse_run_config({"image-size": 1025})
+    with pytest.raises(ConfigError, match=r"^image-size=1025: must be in \[8, 1024\]$"):
+        check_image_size("a/folder", 1025)
+    assert check_image_size("a/folder", 1024) == 1024 and parse_run_config({"image-size": 1024}).image_size == 1024
+    with pytest.raises(ConfigError, match=r"^image-size=65: must be in \[8, 64\] \(a built-in dataset is rendered"):
+        check_image_size("digits", 65)
+    with pytest.raises(ConfigError, match=r"^classifier-size=7: must be 'auto' or in \[8, 1024\]$"):
+        parse_run_config({"classifier-size": 7})
+
+
+def test_partitioner_defaults_are_feddatas():
+    """The app's defaults (pyproject.toml) and a feddata call without parameters read the same rules."""
+    for name, spec in feddata.PARTITIONER_PARAMS.items():
+        assert feddata.resolve_params(name, {}) == parse_run_config({"partitioner.name": name}).partitioner_params
+        assert {k: all_defaults()[f"partitioner.{k}"] for k in spec} == feddata.resolve_params(name, {})
+    assert feddata.resolve_params("iid", {})["per-class"] == 16
+
+
+def test_a_parameter_of_another_partitioner_is_checked_but_not_kept():
+    with pytest.raises(ConfigError, match=r"^partitioner.alpha='x': must be of type float$"):
+        parse_run_config({"partitioner.name": "iid", "partitioner.alpha": "x"})
+    cfg = parse_run_config({"partitioner.name": "iid", "partitioner.alpha": 2.0})
+    assert cfg.partitioner_params == {"per-class": 16}
+
+
+def test_the_run_config_reads_every_common_key_typed():
+    """cfg.<key> is cfg.common.<key> for every common key (image-size and classifier-size: resolved)."""
+    import dataclasses
+
+    from fedapp.config import CommonConfig
+
+    cfg = parse_run_config({"image-size": 16, "classifier-size": 8, "seed": 3})
+    for f in dataclasses.fields(CommonConfig):
+        assert getattr(cfg, f.name) == getattr(cfg.common, f.name), f.name
+    with pytest.raises(AttributeError):
+        cfg.sead  # noqa: B018 (a typo is an error, not a silent None)
 
 
 # ---- the method contract (fedapp.registry.MethodSpec) and the keys a run keeps ------------------------------

@@ -11,7 +11,7 @@ from pathlib import Path
 from feddata import PARTITIONERS
 from fedapp import registry
 from fedapp.config import CommonConfig
-from fedapp.options import _field_types, key_of
+from fedapp.options import options_of
 from fedapp.reference import COMMAND, DOC
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,19 +85,19 @@ def test_every_key_has_help_and_allowed_values():
 
 def test_allowed_values_are_the_codes():
     rows = {row["key"]: row for _, row in reference_rows()}
-    assert rows["method"]["allowed"] == "one of " + ", ".join(registry.METHODS)
-    assert rows["partitioner.name"]["allowed"] == "one of " + ", ".join(PARTITIONERS)
+    assert rows["method"]["allowed"] == "one of " + ", ".join(repr(m) for m in registry.METHODS)
+    assert rows["partitioner.name"]["allowed"] == "one of " + ", ".join(repr(p) for p in PARTITIONERS)
     classes = [("", CommonConfig)] + [(f"{ns}.", registry.options_class(ns)) for ns in registry.namespaces()]
     checked = 0
     for prefix, cls in classes:
-        for name, (_, meta) in _field_types(cls).items():
-            allowed = rows[prefix + key_of(name)]["allowed"]
-            if meta["choices"]:
-                assert allowed == "one of " + ", ".join(meta["choices"]), name
+        for key, (name, rule) in options_of(cls).items():
+            allowed = rows[prefix + key]["allowed"]
+            if rule.choices:
+                assert allowed == "one of " + ", ".join(repr(c) for c in rule.choices), name
                 checked += 1
-            if meta["low"] is not None:
-                assert f"{meta['low']:g}" in allowed and (meta["high"] is None or f"{meta['high']:g}" in allowed)
+            if rule.low is not None:
+                assert f"{rule.low:g}" in allowed and (rule.high is None or f"{rule.high:g}" in allowed)
                 checked += 1
     assert checked > 50
     assert rows["lr"]["allowed"] == "> 0" and rows["fraction-evaluate"]["allowed"] == "in [0, 1]"
-    assert rows["image-size"]["allowed"] == "auto or in [8, 512]"
+    assert rows["image-size"]["allowed"] == "'auto' or in [8, 1024]"

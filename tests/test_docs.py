@@ -33,7 +33,7 @@ def _table_names(section: str, header: str) -> set[str]:
     ("Adding a dataset", {"feddata/hub.py": ["HUB_ALIASES"],
                           "feddata/builtin.py": ["_SPECS", "BUILTINS", "NATIVE_SIZE", "_ATTRIBUTES", "def render("],
                           "fedapp/models/text.py": ["def prompt_template("]}),
-    ("Adding a partitioner", {"feddata/partition.py": ["PARTITIONER_PARAMS", "_PER_CLASS", "_RANGES", "PARTITIONERS",
+    ("Adding a partitioner", {"feddata/partition.py": ["PARTITIONER_PARAMS", "PARAMS", "Rule", "PARTITIONERS",
                                                        "class Assignment", "def partition("]}),
 ])
 def test_the_guides_name_places_that_exist(title, places):
@@ -62,7 +62,7 @@ def test_every_partitioner_is_registered_where_the_guide_says():
     assert feddata.PARTITIONERS == tuple(feddata.PARTITIONER_PARAMS)
     for name, spec in feddata.PARTITIONER_PARAMS.items():
         assert "per-class" in spec, name
-        assert set(spec) <= set(partition._RANGES), (name, set(spec) - set(partition._RANGES))
+        assert set(spec) <= set(partition.PARAMS), (name, set(spec) - set(partition.PARAMS))
     assert set(re.findall(r'partitioner == "([^"]+)"', (ROOT / "feddata/partition.py").read_text())) == set(
         feddata.PARTITIONERS)  # a branch in partition() each
     pyproject = (ROOT / "pyproject.toml").read_text()

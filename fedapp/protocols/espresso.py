@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import torch
 from flwr.app import RecordDict
 
-from fedapp.options import AUTO, ConfigError, opt
+from fedapp.options import AUTO, ConfigError, opt, refusal, refuse
+from fedapp.models.precision import PRECISIONS
 from fedapp.models.prior.samplers import (DEFAULT_GAMMA2, DEFAULT_ZIGZAG_T, SPACINGS, ZIGZAG_CONVENTIONS,
                                           SamplerSettings)
 from fedapp.protocols import EVALUATE, METRICS_KEY, NUM_EXAMPLES_KEY, Phase, ShardFacts
@@ -115,6 +116,14 @@ class EspressoOptions:
     diffusions_per_latent: int = opt(4, low=1, help="forward diffusions (fresh eps) of each MixUp'd latent")
     features: str = opt("unet", help="clustering features: unet (the prior's DIFT features) or a DINOv2/CLIP id/folder")
     synth_batch: int = opt(64, low=1, help="images per sampler call on the server")
+    precision: str = opt("fp32", choices=PRECISIONS,
+                         help="the server sampler's UNet calls: fp32; bf16 (bfloat16 autocast, ~1.8x faster on a CPU "
+                              "with AVX-512 BF16 or AMX: docs/benchmarks.md#sampling); auto: bf16 on such a CPU, "
+                              "fp32 elsewhere")
+    evaluate_clients: int | str = opt(AUTO, auto=True, low=0,
+                                      help="clients the evaluate phase sends the classifier to: auto, every client; "
+                                           "N, a sample of N drawn from the seed (at least min-clients); 0, none "
+                                           "(the server's global test set only)")
     ship_prior: str = opt("auto", choices=("auto", "all", "never"),
                           help="auto: the built-in tiny prior goes to the nodes that lack it (named by its sha256; "
                                "the weights in doubling waves, about once per machine: a simulation's actors share "
@@ -125,20 +134,20 @@ class EspressoOptions:
                                            "(x, y, client) for diagnostics")
 
     def __post_init__(self) -> None:
-        if self.sampler == "zigzag" and self.gamma1 != AUTO and not self.gamma2 < self.gamma1:
-            raise ConfigError(f"espresso.gamma2={self.gamma2!r}: must be < espresso.gamma1={self.gamma1!r} "
-                              "(Z-sampling injects semantics through gamma1 - gamma2)")
+        if self.gamma1 != AUTO and (why := gamma2_problem(self, float(self.gamma1), repr(self.gamma1))):
+            raise ConfigError(why)  # an auto gamma1 is the prior's: preflight checks it
         if self.mixup_pairs * self.diffusions_per_latent < self.gmm_components:
-            raise ConfigError(f"espresso.mixup-pairs={self.mixup_pairs!r}: mixup-pairs x diffusions-per-latent "
-                              f"must be >= espresso.gmm-components={self.gmm_components}")
+            raise refuse("espresso.mixup-pairs", self.mixup_pairs, "mixup-pairs x diffusions-per-latent must be >= "
+                                                                   f"espresso.gmm-components={self.gmm_components}")
 
     def sampler_settings(self) -> SamplerSettings:
         """The server's sampler (espresso.sampler, steps, spacing, gamma1, zigzag-t, gamma2, zigzag) as Prior.sample
         takes it; gamma1 must be resolved first (guidance(): `auto` is the prior's own)."""
         if self.gamma1 == AUTO:
             raise ValueError("espresso.gamma1='auto': resolve it (protocols.espresso.guidance) before sampling")
-        return SamplerSettings(sampler=self.sampler, num_steps=self.steps, guidance=self.gamma1,
-                               spacing=self.spacing, zigzag_t=self.zigzag_t, gamma2=self.gamma2, zigzag=self.zigzag)
+        return SamplerSettings(sampler=self.sampler, num_steps=self.steps, guidance=float(self.gamma1),
+                               spacing=self.spacing, zigzag_t=self.zigzag_t, gamma2=self.gamma2, zigzag=self.zigzag,
+                               precision=self.precision)
 
 
 # ---- validation of an upload ---------------------------------------------------------------------
@@ -235,10 +244,24 @@ def guidance(opts: EspressoOptions, cfg) -> float:
 
 
 def preflight(cfg) -> str | None:
-    """Z-sampling needs gamma2 < gamma1, also when gamma1 comes from the prior."""
+    """Z-sampling needs gamma2 < gamma1, also when gamma1 comes from the prior; a sampled evaluate phase
+    asks at least min-clients (its replies must reach min-clients)."""
     opts = cfg.options
-    if opts.sampler == "zigzag" and opts.gamma1 == AUTO and not opts.gamma2 < guidance(opts, cfg):
-        return (f"espresso.gamma2={opts.gamma2!r}: must be < espresso.gamma1 (auto: {guidance(opts, cfg)!r} for "
-                f"prior={cfg.prior!r}); Z-sampling injects semantics through gamma1 - gamma2")
+    n = opts.evaluate_clients
+    if n != AUTO and 0 < n < cfg.min_clients:
+        return (f"espresso.evaluate-clients={n!r}: must be 0, 'auto' or >= min-clients={cfg.min_clients} "
+                "(the evaluate phase needs min-clients replies)")
+    if opts.sampler == "zigzag" and opts.gamma1 == AUTO:
+        gamma1 = guidance(opts, cfg)
+        return gamma2_problem(opts, gamma1, f"auto: {gamma1!r} for prior={cfg.prior!r}")
     return None
+
+
+def gamma2_problem(opts: EspressoOptions, gamma1: float, gamma1_text: str) -> str | None:
+    """Z-sampling injects semantics through gamma1 - gamma2: gamma2 must stay below gamma1 (the option, or for
+    "auto" the prior's: EspressoOptions checks the first, preflight the second)."""
+    if opts.sampler != "zigzag" or opts.gamma2 < gamma1:
+        return None
+    return refusal("espresso.gamma2", opts.gamma2, f"must be < espresso.gamma1 ({gamma1_text}); Z-sampling injects "
+                                                   "semantics through gamma1 - gamma2")
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import logging
 import time
+from types import FrameType
 from typing import Any, Callable, Iterable
 
 from flwr.app import Message, RecordDict
@@ -20,6 +21,7 @@ from flwr.app import Message, RecordDict
 from fedapp.protocols import CLIENT_KEY, DOMAIN_KEY, NUM_PARTITIONS_KEY, PARTITION_KEY, SECONDS_KEY
 from fedapp.protocols.records import record_nbytes
 from fedapp.server.run import ServerRun
+from fedapp.server.uploads import keep_upload
 
 log = logging.getLogger("fedapp")
 
@@ -51,6 +53,7 @@ class MeteredGrid:
         answered, kept = set(), []
         live = LiveNodes(self._grid)
         sender = senders(messages)
+        sent = {m.metadata.dst_node_id: m.content for m in messages}
         for r in replies:
             node = sender(r)
             answered.add(node)
@@ -64,6 +67,9 @@ class MeteredGrid:
                 self.run.fail(node, phase, f"invalid partition claim: {why}")
                 continue
             self.run.ledger.add_seconds(str(node), phase, client_seconds(r.content))
+            if self.run.cfg.log.uploads:  # what the privacy audit attacks (fedapp/server/uploads.py)
+                keep_upload(self.run.out, phase, self.run.node_partition[node], r.content,
+                            sent.get(node), self.run.kept_uploads)
             kept.append(r)
         for m in messages:
             if m.metadata.dst_node_id not in answered:
@@ -96,7 +102,8 @@ class LiveNodes:
     """The grid's connected node ids, asked once per batch of replies and only when a claim needs them."""
 
     def __init__(self, grid: Any):
-        self._grid, self._ids = grid, None
+        self._grid = grid
+        self._ids: set[int] | None = None
 
     def __contains__(self, node: int) -> bool:
         if self._ids is None:
@@ -172,7 +179,8 @@ def simulated_nodes(grid: Any) -> int | None:
     code = getattr(getattr(module, "_main_loop", None), "__code__", None)
     if not isinstance(grid, InMemoryGrid) or code is None:
         return None
-    for frame in sys._current_frames().values():
+    for top in sys._current_frames().values():
+        frame: FrameType | None = top
         while frame is not None:
             if frame.f_code is code:
                 local = frame.f_locals

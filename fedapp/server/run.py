@@ -7,19 +7,20 @@ import logging
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Generic
 
-from fedapp.config import RunConfig
+from fedapp.config import Opts, RunConfig
 from fedapp.results import PHASE_SEP, CommLedger, RunDir
 
 log = logging.getLogger("fedapp")
 
 
 @dataclass
-class ServerRun:
-    """Per-run server state every strategy writes into."""
+class ServerRun(Generic[Opts]):
+    """Per-run server state every strategy writes into; `Opts`: the method's options class (a strategy
+    annotates `ServerRun[ItsOptions]` and reads `run.cfg.options` typed)."""
 
-    cfg: RunConfig
+    cfg: RunConfig[Opts]
     out: RunDir
     ledger: CommLedger = field(default_factory=CommLedger)
     failures: list[dict[str, Any]] = field(default_factory=list)
@@ -27,6 +28,7 @@ class ServerRun:
     num_partitions: int | None = None  # nodes connected at the start: partition ids are 0 .. this - 1
     phase_seconds: dict[str, float] = field(default_factory=dict)  # a nested phase as `outer/inner` (PHASE_SEP)
     device: str = "cpu"
+    kept_uploads: dict[tuple[str, int], int] = field(default_factory=dict)  # replies kept (fedapp.server.uploads)
     resume_from: Any = None  # a fedapp.server.checkpoint.Checkpoint when the run continues an earlier one
     started: float = field(default_factory=time.time)
     _open_phases: list[str] = field(default_factory=list, repr=False)  # the phases running now, outermost first

@@ -29,8 +29,9 @@ class FedappStrategy:
     metrics for summary.json; `privacy`, when set, goes to summary.json's privacy block."""
 
     privacy: dict[str, Any] | None = None
+    run: ServerRun[Any]  # a method's strategy narrows it: `run: ServerRun[ItsOptions]`
 
-    def bind(self, run: ServerRun) -> None:
+    def bind(self, run: ServerRun[Any]) -> None:
         self.run = run
 
     def run_config_record(self, **extra: Any):

@@ -17,14 +17,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeAlias
 
 import torch
 from torch.nn import functional as F
 
+from fedapp.models import precision
+
 from . import samplers
 from .samplers import SamplerSettings
 
-Condition = torch.Tensor | list[str] | str
+Condition: TypeAlias = torch.Tensor | list[str] | str
 
 
 @dataclass
@@ -68,7 +71,7 @@ class Prior:
         self.scaling_factor = float(vae.config.scaling_factor) if vae is not None else 1.0
         self.unet_rows = 0  # rows passed through the UNet so far (the evaluation counter)
         self.vae_batch = 16  # images per VAE call (SD's VAE at 512 px is memory-hungry)
-        self._null = None
+        self._null: torch.Tensor | None = None
 
     # ---- geometry, read from the components' configs -----------------------------------------
     @property
@@ -115,12 +118,13 @@ class Prior:
     @torch.no_grad()
     def encode_images(self, x: torch.Tensor) -> torch.Tensor:
         """x in [-1, 1] (any size: prepare_images) -> z_0 = E(x): VAE posterior mean * scaling factor;
-        identity in pixel space."""
-        x = self.prepare_images(x)
-        if self.vae is None:
-            return x
-        chunks = [self.vae.encode(c).latent_dist.mean for c in x.split(self.vae_batch)]  # bounded VAE memory
-        return torch.cat(chunks) * self.scaling_factor
+        identity in pixel space. Reads x vae_batch images at a time (bounded VAE memory; a split decoded
+        lazily, feddata.LazyImages, is decoded a chunk at a time too)."""
+        out = []
+        for s in range(0, max(len(x), 1), self.vae_batch):
+            c = self.prepare_images(x[s:s + self.vae_batch])
+            out.append(c if self.vae is None else self.vae.encode(c).latent_dist.mean)
+        return torch.cat(out) if self.vae is None else torch.cat(out) * self.scaling_factor
 
     @torch.no_grad()
     def decode_latents(self, z: torch.Tensor) -> torch.Tensor:
@@ -141,9 +145,11 @@ class Prior:
         return self.text_encoder(ids).last_hidden_state.to(self.dtype)
 
     def null_condition(self, batch: int) -> torch.Tensor:
-        """The empty prompt's encoding, (batch, L, D): the unconditional branch of guidance."""
+        """The empty prompt's encoding, (batch, L, D): the unconditional branch of guidance. Encoded once,
+        outside any autocast, so a bf16 sample asking first leaves no rounded copy to later float32 ones."""
         if self._null is None:
-            self._null = self.encode_prompts([""])
+            with torch.autocast(self.device.type, enabled=False):
+                self._null = self.encode_prompts([""])
         return self._null.expand(batch, -1, -1)
 
     def condition(self, cond: Condition, batch: int) -> torch.Tensor:
@@ -152,7 +158,7 @@ class Prior:
             cond = [cond]
         if not torch.is_tensor(cond):
             cond = self.encode_prompts(list(cond))
-        cond = cond.to(self.device, self.dtype)
+        cond = cond.to(self.device, self.dtype)  # type: ignore[union-attr]  # a tensor now (torch.is_tensor)
         if cond.ndim != 3 or cond.shape[1:] != self.cond_shape or cond.shape[0] not in (1, batch):
             raise ValueError(f"condition of shape {tuple(cond.shape)}: expected ({batch} or 1, "
                              f"{self.cond_shape[0]}, {self.cond_shape[1]})")
@@ -172,7 +178,7 @@ class Prior:
     def _eps(self, z: torch.Tensor, t, cond: torch.Tensor) -> torch.Tensor:
         """One UNet call; counts its rows and converts v/x0 predictions to epsilon."""
         t = self._timestep(t, z.shape[0])
-        out = self.unet(z, t, encoder_hidden_states=cond).sample
+        out = self.unet(z, t, encoder_hidden_states=cond).sample.to(z.dtype)  # a no-op unless under autocast
         self.unet_rows += z.shape[0]
         if self.prediction_type == "epsilon":
             return out
@@ -278,8 +284,9 @@ class Prior:
                uncond: Condition | None = None, generator: torch.Generator | None = None) -> SampleResult:
         """z_T = noise (a tensor (B, *latent_shape), or a batch size drawn with `generator`) -> images.
         cond: prompts or raw condition embeddings (B|1, L, D); `settings`: the sampler, its steps, spacing and
-        guidance (samplers.SamplerSettings; its guidance is gamma1 for "zigzag"); uncond: the guidance's
-        negative condition (default: the empty prompt)."""
+        guidance (samplers.SamplerSettings; its guidance is gamma1 for "zigzag"; its precision: the UNet calls'
+        autocast, fedapp.models.precision); uncond: the guidance's negative condition (default: the empty prompt).
+        The loop's own arithmetic and the decoder stay in the prior's dtype."""
         s = settings
         if isinstance(noise, int):
             noise = torch.randn(noise, *self.latent_shape, generator=generator)
@@ -288,13 +295,14 @@ class Prior:
         cond = self.condition(cond, batch)
         uncond = None if uncond is None else self.condition(uncond, batch)
         rows0 = self.unet_rows
-        if s.sampler == "ddim":
-            z0 = samplers.ddim_loop(self, z, cond, uncond, s.num_steps, s.guidance, s.spacing)
-        elif s.sampler == "zigzag":
-            z0 = samplers.zigzag_loop(self, z, cond, uncond, s.num_steps, s.guidance, s.gamma2, s.zigzag_t, s.spacing,
-                                      s.zigzag)
-        else:
+        if s.sampler not in ("ddim", "zigzag"):
             raise ValueError(f"sampler={s.sampler!r}: allowed 'ddim', 'zigzag'")
+        with precision.autocast(s.precision, self.device):
+            if s.sampler == "ddim":
+                z0 = samplers.ddim_loop(self, z, cond, uncond, s.num_steps, s.guidance, s.spacing)
+            else:
+                z0 = samplers.zigzag_loop(self, z, cond, uncond, s.num_steps, s.guidance, s.gamma2, s.zigzag_t,
+                                          s.spacing, s.zigzag)
         return SampleResult(self.decode_latents(z0), z0, (self.unet_rows - rows0) // batch)
 
     # ---- saving --------------------------------------------------------------------------------

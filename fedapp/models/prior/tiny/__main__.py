@@ -18,6 +18,7 @@ import os
 import shutil
 import time
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -31,7 +32,7 @@ def parse_overrides(items: list[str], base=None):
     """["lr=3e-3", "block_out_channels=32,64,64"] -> `base` (a config dataclass, default TinyPriorConfig())
     with those fields replaced."""
     base = base if base is not None else TinyPriorConfig()
-    changes = {}
+    changes: dict[str, Any] = {}
     for item in items:
         key, _, value = item.partition("=")
         if key not in {f.name for f in dataclasses.fields(base)}:
