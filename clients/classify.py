@@ -14,6 +14,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from fedapp.client_context import ClientContext
+from fedapp.data import for_classifier
 from fedapp.models.classifier import build_classifier, minibatches
 from fedapp.protocols import (ACCURACY_KEY, ARRAYS_KEY, EVALUATE, LOSS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY,
                               PROXIMAL_MU_KEY, ROUND_KEY, RUN_KEY)
@@ -92,7 +93,7 @@ def train_reply(model: nn.Module, num_examples: int, metrics: dict[str, float]) 
 
 def evaluate_reply(model: nn.Module, ctx: ClientContext) -> RecordDict:
     """The evaluate reply: the model's loss and accuracy on this client's real test split."""
-    loss, acc = evaluate(model, ctx.shard.test.x, ctx.shard.test.y, device=ctx.device)
+    loss, acc = evaluate(model, for_classifier(ctx.shard.test.x, ctx.cfg), ctx.shard.test.y, device=ctx.device)
     return RecordDict({METRICS_KEY: MetricRecord({NUM_EXAMPLES_KEY: len(ctx.shard.test), LOSS_KEY: loss,
                                                   ACCURACY_KEY: acc})})
 
@@ -101,7 +102,8 @@ def handle_train(msg: Message, ctx: ClientContext, extra_loss: ExtraLoss | None 
     cfg, shard = ctx.cfg, ctx.shard
     model = model_from_message(msg, ctx)
     mu = float(msg.content.config_records[RUN_KEY].get(PROXIMAL_MU_KEY, 0.0))
-    stats = local_train(model, shard.train.x, shard.train.y, epochs=cfg.local_epochs, lr=cfg.lr,
+    x = for_classifier(shard.train.x, cfg)  # at classifier-size
+    stats = local_train(model, x, shard.train.y, epochs=cfg.local_epochs, lr=cfg.lr,
                         batch=cfg.batch_size, seed=ctx.seed_for(round_of(msg)), device=ctx.device,
                         prox_mu=mu, extra_loss=extra_loss)
     return train_reply(model, len(shard.train), {f"train_{k}": v for k, v in stats.items()})

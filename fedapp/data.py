@@ -26,6 +26,21 @@ def client_shard(cfg: Any, partition_id: int, num_partitions: int):
                              num_partitions, image_size=cfg.image_size)
 
 
+def for_classifier(x, cfg: Any):
+    """Images x at the classifier's input size (classifier-size): a hub dataset's or folder's split decoded
+    straight at it, a tensor resized; x itself when it already is (classifier-size auto)."""
+    from feddata import at_size
+
+    return at_size(x, cfg.classifier_size)
+
+
+def classifier_split(split, cfg: Any):
+    """`split` with its images at the classifier's input size (for_classifier)."""
+    import dataclasses
+
+    return dataclasses.replace(split, x=for_classifier(split.x, cfg))
+
+
 def all_client_shards(cfg: Any, num_partitions: int) -> list:
     """ORACLE: every client's shard re-derived on the server. Only oracle baselines and the scoring of
     attacks against the truth use it; no federated protocol does."""

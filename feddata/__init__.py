@@ -8,6 +8,7 @@ Face `datasets`, which flwr-datasets imports.
 
 from .api import label_partitioner, load_client_shard, load_server_data, validate
 from .builtin import COLORS, DIGIT_NAMES, DOMAINS, with_attribute
+from .lazy import LazyImages, at_size
 from .partition import PARTITIONER_PARAMS, PARTITIONERS, resolve_params
 from .sources import DATASETS, base_split, dataset_info, native_size
 from .types import ClientShard, DatasetInfo, ServerData, Split
@@ -21,8 +22,10 @@ __all__ = [
     "PARTITIONER_PARAMS",
     "ClientShard",
     "DatasetInfo",
+    "LazyImages",
     "ServerData",
     "Split",
+    "at_size",
     "base_split",
     "dataset_info",
     "label_partitioner",

@@ -2,13 +2,16 @@
 
 One code path for all of them: a hub id and a local folder both end up as a
 `datasets.Dataset`, whose image and label columns are found by name (or by feature
-type), then decoded to RGB, resized and stored as uint8. All splits are concatenated;
-feddata makes its own public/test/client split.
+type); the images stay encoded (feddata.lazy decodes a batch at a time, at the size asked).
+All splits are concatenated; feddata makes its own public/test/client split.
 
 A local folder is one of: a `save_to_disk` folder; parquet files; or image files, read by HF's
 `imagefolder` loader (offline): one sub-folder per class (class names = folder names, sorted),
-optionally under split folders (train/, test/, ...), or a metadata.csv/.jsonl/.parquet with a
-`file_name` and a label column.
+optionally under split folders (train/, test/, ...) or domain folders (<domain>/<class>/<image>), or a
+metadata.csv/.jsonl/.parquet with a `file_name` and a label column.
+
+A `domain` column (a hub dataset's, or a metadata file's), or else domain folders, give each image its
+domain: the `domain` and `dirichlet-domain` partitioners split by it.
 """
 
 from __future__ import annotations
@@ -17,15 +20,15 @@ import os
 import re
 
 import numpy as np
-import torch
-from PIL import Image
 
 from .builtin import BUILTINS, DIGIT_NAMES
+from .lazy import ImageSource
 from .types import BaseData, DatasetInfo, config_error
 
 HUB_ALIASES = {"cifar10": "uoft-cs/cifar10", "mnist": "ylecun/mnist"}
 IMAGE_COLUMNS = ("img", "image")
 LABEL_COLUMNS = ("label", "labels", "fine_label")
+DOMAIN_COLUMN = "domain"
 _HUB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*(/[A-Za-z0-9][A-Za-z0-9._-]*)?$")
 _ALLOWED = ("a built-in name, an HF dataset id (owner/name), or a folder: saved with save_to_disk, holding parquet "
             "files, or images in one sub-folder per class (HF imagefolder layout)")
@@ -137,14 +140,56 @@ def _find_column(ds, names: tuple[str, ...], feature_type, what: str, dataset: s
                        f"no {what} column (looked for {'/'.join(names)}); columns: {ds.column_names}{hint}")
 
 
-def _to_rgb(img, size: int) -> np.ndarray:
-    if not isinstance(img, Image.Image):
-        img = Image.fromarray(np.asarray(img))
-    return np.asarray(img.convert("RGB").resize((size, size), Image.BILINEAR), dtype=np.uint8)
+def _column_ids(ds, column: str) -> tuple[np.ndarray, list[str]]:
+    """A label-like column -> (int64 id per row, names): a ClassLabel's own numbering, else the sorted
+    distinct values (stable across processes)."""
+    import datasets
+
+    raw = np.asarray(ds[column])
+    feat = ds.features[column]
+    if isinstance(feat, datasets.ClassLabel):
+        return raw.astype(np.int64), list(feat.names)
+    values, ids = np.unique(raw, return_inverse=True)
+    return ids.astype(np.int64), [str(v) for v in values]
 
 
-def decode(dataset: str, image_size: int) -> BaseData:
-    """Load, find columns, convert every image to (3, size, size) uint8."""
+def _split_folder_names() -> frozenset[str]:
+    from datasets.data_files import SPLIT_KEYWORDS
+
+    return frozenset(k for words in SPLIT_KEYWORDS.values() for k in words)
+
+
+def folder_domains(ds, img_col: str, root: str) -> tuple[np.ndarray, list[str]] | None:
+    """Domains from an image folder's layout <domain>/<class>/<image> (every image two folders down, the
+    top ones not split names such as train/test), as imagefolder reads the class from the inner folder;
+    None for any other layout."""
+    import datasets
+
+    paths = [e["path"] for e in ds.cast_column(img_col, datasets.Image(decode=False))[img_col]]
+    if not paths or not all(isinstance(p, str) for p in paths):
+        return None
+    root = os.path.realpath(root)
+    parts = [os.path.relpath(os.path.realpath(p), root).split(os.sep) for p in paths]
+    top = np.array([p[0] for p in parts])
+    if any(len(p) != 3 for p in parts) or set(top.tolist()) & _split_folder_names():
+        return None
+    values, ids = np.unique(top, return_inverse=True)
+    return ids.astype(np.int64), [str(v) for v in values]
+
+
+def domains_of(ds, img_col: str, dataset: str) -> tuple[np.ndarray, list[str]] | None:
+    """Each image's domain id and the domain names: the `domain` column, else an image folder's domain
+    folders; None when the dataset has neither."""
+    if DOMAIN_COLUMN in ds.column_names:
+        return _column_ids(ds, DOMAIN_COLUMN)
+    folder = _target(dataset)
+    if os.path.isdir(folder) and _is_image_folder(folder):
+        return folder_domains(ds, img_col, folder)
+    return None
+
+
+def load(dataset: str, image_size: int) -> BaseData:
+    """Load and find the columns; the images stay encoded (BaseData.split gives LazyImages at image_size)."""
     import datasets
 
     ds = load_hf(dataset)
@@ -152,21 +197,12 @@ def decode(dataset: str, image_size: int) -> BaseData:
     folder = _target(dataset)
     hint = f"; {_IMAGE_FOLDER_LABELS}" if os.path.isdir(folder) and _is_image_folder(folder) else ""
     lab_col = _find_column(ds, LABEL_COLUMNS, datasets.ClassLabel, "label", dataset, hint)
-    raw = np.asarray(ds[lab_col])
-    feat = ds.features[lab_col]
-    if isinstance(feat, datasets.ClassLabel):
-        names, y = list(feat.names), raw.astype(np.int64)
-    else:  # plain values: number them in sorted order so ids are stable
-        values, y = np.unique(raw, return_inverse=True)
-        names, y = [str(v) for v in values], y.astype(np.int64)
+    y, names = _column_ids(ds, lab_col)
     if dataset == "mnist":  # "0".."9" -> words, so prompts read "a photo of the digit three"
         names = list(DIGIT_NAMES)
-    imgs = np.empty((len(ds), image_size, image_size, 3), dtype=np.uint8)
-    i = 0
-    for batch in ds.select_columns([img_col]).iter(batch_size=512):
-        for img in batch[img_col]:
-            imgs[i] = _to_rgb(img, image_size)
-            i += 1
-    x = torch.from_numpy(imgs).permute(0, 3, 1, 2).contiguous()
-    info = DatasetInfo(dataset, len(names), names, {}, image_size)
-    return BaseData(x, y, {}, np.arange(len(y), dtype=np.int64), info)
+    attrs, attributes = {}, {}
+    domains = domains_of(ds, img_col, dataset)
+    if domains is not None:
+        attrs["domain"], attributes["domain"] = domains
+    info = DatasetInfo(dataset, len(names), names, attributes, image_size)
+    return BaseData(ImageSource(ds, img_col), y, attrs, np.arange(len(y), dtype=np.int64), info)

@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from fedapp.data import all_client_shards
+from fedapp.data import all_client_shards, for_classifier
 from strategies.oneshot import OneShotStrategy, train_global_classifier
 
 log = logging.getLogger("fedapp")
@@ -24,7 +24,7 @@ log = logging.getLogger("fedapp")
 def union_of_client_shards(cfg, num_partitions: int) -> tuple[torch.Tensor, torch.Tensor]:
     """ORACLE: every client's real training split, concatenated (x, y)."""
     shards = all_client_shards(cfg, num_partitions)
-    return torch.cat([s.train.x for s in shards]), torch.cat([s.train.y for s in shards])
+    return torch.cat([for_classifier(s.train.x, cfg) for s in shards]), torch.cat([s.train.y for s in shards])
 
 
 class CentralizedStrategy(OneShotStrategy):

@@ -23,6 +23,7 @@ import torch
 from flwr.app import ArrayRecord, Message, MetricRecord
 from flwr.serverapp.strategy import FedMedian, FedTrimmedAvg, Krum
 
+from fedapp.data import classifier_split
 from fedapp.metrics import accuracy_by_group, weighted_client_accuracy
 from fedapp.models.classifier import build_classifier
 from fedapp.progress import Rounds
@@ -107,7 +108,8 @@ class FedAvgStrategy(RoundStrategy):
         server = self.server_data()
         model = self.build_model()
         model.load_state_dict(arrays.to_torch_state_dict())
-        metrics = accuracy_by_group(model, server.test, server.info, device=self.run.device)
+        test = classifier_split(server.test, self.run.cfg)  # at classifier-size
+        metrics = accuracy_by_group(model, test, server.info, device=self.run.device)
         if self.round_offset and server_round == self.round_offset:  # the resumed model: logged already
             return MetricRecord({ACCURACY_KEY: metrics["accuracy"]})
         row: dict[str, Any] = {"round": server_round, **metrics}

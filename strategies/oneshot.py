@@ -10,6 +10,7 @@ from typing import Any
 import torch
 from flwr.app import ArrayRecord
 
+from fedapp.data import classifier_split
 from fedapp.metrics import accuracy_by_group, weighted_client_accuracy
 from fedapp.protocols import ARRAYS_KEY
 from fedapp.protocols import classify
@@ -48,17 +49,22 @@ class OneShotStrategy(PhasedStrategy):
     """A one-shot method: the method's own phases, then one evaluate phase."""
 
     def evaluate_classifier(self, grid, model: torch.nn.Module, server, nodes: list[int]) -> dict[str, Any]:
-        """Global test accuracy (per domain) on the server, and each client's on its real test split."""
+        """Global test accuracy (per domain) on the server, and each client's of `nodes` on its real test split
+        (no nodes: the server's figures only)."""
         model = model.eval()
         save_model(self.run.out, model.state_dict())
-        metrics = accuracy_by_group(model, server.test, server.info, device=self.run.device)
-        weights = ArrayRecord({k: v.cpu() for k, v in model.state_dict().items()})
-        replies = self.exchange(grid, classify.EVALUATE, nodes, lambda n: {ARRAYS_KEY: weights},
-                                validate=classify.validate_evaluate)
-        acc = classify.client_accuracies(replies)
-        log_client_accuracies(acc)
-        metrics.update(weighted_client_accuracy(acc))
-        metrics["client_domain"] = {str(k): v["domain"] for k, v in sorted(acc.items()) if v["domain"] is not None}
+        test = classifier_split(server.test, self.run.cfg)  # at classifier-size
+        metrics = accuracy_by_group(model, test, server.info, device=self.run.device)
+        if nodes:
+            weights = ArrayRecord({k: v.cpu() for k, v in model.state_dict().items()})
+            replies = self.exchange(grid, classify.EVALUATE, nodes, lambda n: {ARRAYS_KEY: weights},
+                                    validate=classify.validate_evaluate)
+            acc = classify.client_accuracies(replies)
+            log_client_accuracies(acc)
+            metrics.update(weighted_client_accuracy(acc))
+            metrics["client_domain"] = {str(k): v["domain"] for k, v in sorted(acc.items())
+                                        if v["domain"] is not None}
+        metrics["evaluated_clients"] = len(nodes)
         metrics["classifier_bytes"] = parameter_bytes(model)
         metrics["model"] = self.run.cfg.model
         log.info("global test accuracy %.4f %s", metrics["accuracy"], metrics.get("domain_accuracy", ""))

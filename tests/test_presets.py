@@ -5,8 +5,7 @@ one of the app's) and holds only known keys with valid values; every value line 
 passes preflight offline against stand-ins (a Hugging Face cache holding the real component configs of the
 pipelines the presets name, no weights; small local datasets in the hub datasets' column layouts); and
 each runs one round end to end with its sizes brought down (a random-weight SD-layout prior at 32 px, two or
-three clients, a few steps). Where fedapp cannot yet run a paper's setting, the test asserts the one-line
-refusal (`KNOWN_LIMITS`), so that lifting the limit fails it and the entry is removed.
+three clients, a few steps) on the same stand-in data.
 """
 
 import hashlib
@@ -20,21 +19,15 @@ import pytest
 from flwr.common.config import flatten_dict, fuse_dicts, parse_config_args
 from flwr.supercore.utils import simulation_config_from_json
 
-from fedapp.config import ConfigError, all_defaults, parse_run_config
+from fedapp.config import all_defaults, parse_run_config
 from fedapp.options import option_values
 from fedapp.preflight import preflight
+from feddata import LazyImages
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = {p.stem: p for p in sorted((ROOT / "presets").glob("*.toml"))}
 NAMES = ["espresso-domainnet", "espresso-pacs", "espresso-nicopp", "feddifrc-cifar10-a0.05", "feddifrc-cifar10-a0.5",
          "feddifrc-cifar10-nid2", "pfdm-cmnist", "pfdm-mnist-dpdm", "dcfm-cmnist-noniid", "dcfm-cmnist-iid"]
-
-# Where fedapp refuses a paper's setting today, in one line: feddata decodes a hub dataset or folder at no
-# more than 256 px, and with a prior image-size must be the prior's (SD v1.5: 512, SD 2.1: 768).
-KNOWN_LIMITS = {
-    **{n: r"^image-size=512: must be an int in \[4, 256\]" for n in NAMES if n.startswith("espresso-")},
-    **{n: r"^image-size=768: must be an int in \[4, 256\]" for n in NAMES if n.startswith("feddifrc-")},
-}
 
 # ---- the source comment of a value line --------------------------------------------------------------------
 
@@ -207,7 +200,7 @@ def data(tmp_path_factory):
     nicopp = str(image_folder(tmp / "nicopp", NICOPP, 10, 2))
     pacs = str(saved_dataset(tmp / "pacs", "image", ["dog", "elephant", "giraffe", "guitar", "horse", "house",
                                                       "person"], 2, 24, "RGB", PACS))
-    cifar10 = str(saved_dataset(tmp / "cifar10", "img", CIFAR10, 20, 32, "RGB"))
+    cifar10 = str(saved_dataset(tmp / "cifar10", "img", CIFAR10, 100, 32, "RGB"))  # Dirichlet(0.05): >= 10 a client
     mnist = str(saved_dataset(tmp / "mnist", "image", [str(d) for d in range(10)], 30, 28, "L"))
     return {"espresso-domainnet": domainnet, "espresso-pacs": pacs, "espresso-nicopp": nicopp,
             **{n: cifar10 for n in NAMES if n.startswith("feddifrc-")}, "pfdm-mnist-dpdm": mnist}
@@ -318,36 +311,48 @@ def test_a_preset_passes_preflight_offline(name, hub, data, tmp_path):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_a_preset_passes_preflight_on_the_papers_federation(name, hub, data, tmp_path):
-    """With the data on the paper's number of nodes; where fedapp cannot run the setting yet, the one-line
-    refusal."""
+    """With the data on the paper's number of nodes, at the paper's resolution (SD v1.5's 512 px, SD 2.1's
+    768 px: feddata decodes a hub dataset or folder a batch at a time, so the size costs no memory here)."""
     cfg = parse_run_config(on_stand_in(name, data, tmp_path))
-    if name in KNOWN_LIMITS:
-        with pytest.raises(ConfigError, match=KNOWN_LIMITS[name]):
-            preflight(cfg, clients(name))
-    else:
-        preflight(cfg, clients(name))
+    preflight(cfg, clients(name))
+    if name in data:  # a hub dataset or folder: served at the prior's size, undecoded until a batch is read
+        from fedapp.data import client_shard, for_classifier
+
+        x = client_shard(cfg, 0, clients(name)).train.x
+        assert isinstance(x, LazyImages) and x.shape[1:] == (3, cfg.image_size, cfg.image_size)
+        cls = for_classifier(x, cfg)  # the same rows at the classifier's own size (the preset's classifier-size)
+        assert isinstance(cls, LazyImages) and cls[:1].shape == (1, 3, cfg.classifier_size, cfg.classifier_size)
+        assert cfg.classifier_size == {"espresso": 224, "feddifrc": 32}.get(cfg.method, cfg.image_size)
 
 
 @pytest.mark.parametrize("name", [n for n in NAMES if n.startswith("espresso-")])
-def test_the_domain_presets_wait_for_feddata_to_read_a_domain_column(name, hub, data, tiny_sd, tmp_path):
-    """The next refusal behind the image size: a hub dataset or folder carries its domain column, which feddata
-    does not read, so the domain partitioner finds no domains."""
-    cfg = parse_run_config(on_stand_in(name, data, tmp_path, **{"prior": tiny_sd, "image-size": "auto"}))
-    with pytest.raises(ConfigError, match="has no domain attribute"):
-        preflight(cfg, clients(name))
+def test_the_domain_presets_give_client_k_domain_k(name, hub, data, tmp_path):
+    """The stand-ins' domain column (a folder's metadata.csv, PACS's hub column) reaches the domain partitioner:
+    on the paper's federation, client k holds domain k (in sorted order) and nothing else."""
+    from fedapp.data import client_shard
+
+    cfg = parse_run_config(on_stand_in(name, data, tmp_path))
+    names = {"espresso-domainnet": DOMAINNET, "espresso-nicopp": NICOPP, "espresso-pacs": PACS}[name]
+    for k in range(clients(name)):
+        shard = client_shard(cfg, k, clients(name))
+        assert shard.info.attributes["domain"] == sorted(names) and shard.meta["domain"] == sorted(names)[k]
+        assert len(shard.train) > 0
+        assert set(shard.train.attrs["domain"].tolist()) | set(shard.test.attrs["domain"].tolist()) == {k}
 
 
 # ---- 4. one round end to end, sizes brought down ------------------------------------------------------------
 
 SMALL = {
-    "espresso": {"dataset": "digit-styles",  # a built-in with domains: feddata reads none from a folder
-                 "model": "resnet18",  # the same architecture, untrained: no ImageNet weights offline
+    "espresso": {"model": "resnet18",  # the same architecture, untrained: no ImageNet weights offline
+                 "classifier-size": 16,  # below the prior's 32 px: synthetic images are resized for it
                  "espresso.features": "unet",  # no DINOv2 weights offline
                  "partitioner.per-class": 2, "min-clients": 2, "server-epochs": 1, "espresso.embed-steps": 2,
                  "espresso.mixup-pairs": 8, "espresso.diffusions-per-latent": 2, "espresso.steps": 2,
                  "espresso.ratio": 1.0, "espresso.synth-batch": 16, "espresso.clusters": 2,
                  "espresso.gmm-components": 2, "espresso.zigzag-t": 300},
     "feddifrc": {"num-server-rounds": 1, "local-epochs": 1, "batch-size": 16, "min-clients": 1,
+                 "classifier-size": 16,  # below the prior's 32 px, as the paper's 32 px is below SD's
+                 "partitioner.per-class": 3, "partitioner.min-partition-size": 1,
                  "feddifrc.up-blocks": "",  # the stand-in prior has 2 up-blocks, SD 4
                  "feddifrc.pca-fit": "client"},
     "pfdm": {"image-size": 8, "min-clients": 2, "partitioner.per-class": 20, "num-server-rounds": 1,
@@ -376,3 +381,7 @@ def test_a_preset_runs_one_round_with_its_sizes_brought_down(name, data, tiny_sd
     config = json.loads((Path(s["run_dir"]) / "config.json").read_text())
     kept = {k: v for k, v in preset(name).items() if k not in small and k != "dataset"}
     assert {k: config[k] for k in kept} == kept  # the rest of the preset is what ran
+    if method == "espresso":  # on the stand-in's domains, one a client, in sorted order (each grid names its own)
+        names = sorted({"espresso-domainnet": DOMAINNET, "espresso-nicopp": NICOPP, "espresso-pacs": PACS}[name])
+        grids = sorted(p.name for p in (Path(s["run_dir"]) / "images").glob("synthetic_client*.png"))
+        assert grids == [f"synthetic_client0_{names[0]}.png", f"synthetic_client1_{names[1]}.png"]

@@ -26,7 +26,7 @@ def sampled(nodes: int, fraction: float, min_nodes: int) -> int:
 
 def classifier_spec(led: Ledger, cfg, facts, **extra) -> dict:
     return {"kind": "classifier", "model": classifier_name(led, cfg.model), "num_classes": facts.num_classes,
-            "image_size": cfg.image_size, "channels": facts.channels, **extra}
+            "image_size": cfg.classifier_size, "channels": facts.channels, **extra}
 
 
 def classifier_name(led: Ledger, name: str) -> str:
