@@ -7,7 +7,9 @@ the ε curve and the scaling as means over seeds), the first seed's per-client s
 <out>/pfdm[_<dataset>]_grids/, <out>/..._eps_curve.png (client 0's KID against ε, --eps-curve, with the
 baselines as references) and <out>/..._scaling.png (PFDM and its private model alone as the number of
 clients grows, total data fixed: the pool is split over more clients). Results are written after every
-run; a rerun under the same setup measures only what is missing. Every run goes through
+run; a rerun under the same setup measures only what is missing, and a run stopped mid-training continues in
+its folder (cell_run_name) from its denoisers' train states (pfdm.checkpoint-every). Two runners on disjoint
+seeds share the json: each write merges the runs on disk under its lock. Every run goes through
 `fedapp.simulation.simulate_in_process` (the default; --backend ray: `fedapp.simulate`, Flower's Ray
 simulation) and its folder goes under --runs; --out defaults to docs/results.
 
@@ -31,8 +33,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.common import (BACKENDS, all_converged, check_configs, count_text, generative_verdict, over_seeds,
-                                plateau,
+from experiments.common import (BACKENDS, all_converged, check_configs, count_text, file_lock, generative_verdict,
+                                json_under, over_seeds, plateau,
                                 paired_difference, paired_text, parse_set, prog, run, verdict_mark)
 from fedapp.results import atomic_write_json
 
@@ -114,13 +116,33 @@ def eps_key(epsilon: float):
     return "inf" if epsilon == float("inf") else float(epsilon)
 
 
+def cell_run_name(method: str, clients: int, flat: dict) -> str:
+    """A cell's run folder name: the same for the same row, clients and run config (where it writes and how
+    often it saves left out), so that a stopped cell run again finds its folder and continues each denoiser
+    from its newest train state there (pfdm.checkpoint-every, fedapp.models.checkpoints)."""
+    from fedapp.models.cache import facts_digest
+    from fedapp.models.checkpoints import STATE_FREE_KEYS
+
+    facts = {k: v for k, v in flat.items() if k not in STATE_FREE_KEYS}
+    return f"{method}-n{clients}-s{flat['seed']}-{facts_digest({**facts, 'clients': clients}, 10)}"
+
+
 def run_one(args, method: str, clients: int, epsilon: float, seed: int) -> dict:
+    from fedapp.models.checkpoints import STATE_DIR
+
     t = time.time()
-    s = run(config(args, method, seed, epsilon), clients, args.backend)
+    flat = config(args, method, seed, epsilon)
+    flat["run-name"] = cell_run_name(method, clients, flat)
+    continued = (Path(args.runs) / flat["run-name"] / STATE_DIR).is_dir()  # a stopped cell's train states
+    if continued:
+        print(f"{method} (N={clients}, seed {seed}): continuing from the train states in "
+              f"{Path(args.runs) / flat['run-name'] / STATE_DIR}", flush=True)
+    s = run(flat, clients, args.backend)
     row = {k: v for k, v in s["metrics"].items() if k in KEEP}
     row.update({"method": method, "clients": clients, "epsilon": eps_key(epsilon), "seed": seed,
                 "t0": (s.get("privacy") or {}).get("t0"), "wall_seconds": round(time.time() - t, 1),
-                "run_dir": s["run_dir"], "privacy": s.get("privacy")})
+                "run_dir": s["run_dir"], "privacy": s.get("privacy"),
+                "continued": continued})  # wall_seconds: this last part's only
     return row
 
 
@@ -315,6 +337,11 @@ SETUP_KEYS = ("clients", "steps", "rounds", "samples", "sample_steps", "attack_s
               "image_size", "epsilon", "set")  # what every run depends on; a rerun under the same setup resumes
 
 
+def setup_sets(sets: list[str]) -> list[str]:
+    """--set as the setup compares it: pfdm.checkpoint-every changes how often runs save, not what they give."""
+    return [s for s in sets if s.split("=", 1)[0].strip() != "pfdm.checkpoint-every"]
+
+
 def curve_epsilon(text: str) -> float:
     """An ε of the curve: a positive number or inf (t0 = 1, the least noise: no privacy to speak of)."""
     value = float(text)
@@ -417,15 +444,26 @@ def main(argv: list[str]) -> None:
     docs.mkdir(parents=True, exist_ok=True)
     stem = "pfdm" if args.dataset == "colored-digits" else f"pfdm_{args.dataset}"
     path = docs / f"{stem}.json"
-    setup = {**{k: getattr(args, k) for k in SETUP_KEYS}, "oracle_steps": oracle_steps(args)}
-    old = json.loads(path.read_text()) if path.exists() else {}
-    kept = old.get("runs", []) if old.get("setup") == setup else []  # resume: runs measured under the same setup
-    result = {"setup": setup, "settings": vars(args), "paper": PAPER, "runs": kept}
-    done = {(r["method"], r["clients"], r["epsilon"], r["seed"]): r for r in kept}
+    setup = {**{k: getattr(args, k) for k in SETUP_KEYS}, "set": setup_sets(args.set),
+             "oracle_steps": oracle_steps(args)}
+    result = {"setup": setup, "settings": vars(args), "paper": PAPER, "runs": []}
+    done: dict[tuple, dict] = {}  # (method, clients, ε, seed) -> its run
+
+    def read_runs() -> None:
+        """Resume: the runs on disk measured under the same setup (another runner's too) join `done`."""
+        for r in json_under(path, setup).get("runs", []):
+            done.setdefault((r["method"], r["clients"], r["epsilon"], r["seed"]), r)
 
     def views() -> None:
-        """The table, the ε curve and the scaling from every run of this setup (any invocation's seeds and
+        """Under the json's lock (two runners on disjoint seeds share it: each writes every run either has),
+        the table, the ε curve and the scaling from every run of this setup (any invocation's seeds and
         cells): each cell the mean over the seeds it has (its `seeds` says which)."""
+        with file_lock(path):
+            read_runs()
+            result["runs"] = list(done.values())
+            write_views()
+
+    def write_views() -> None:
         by_cell: dict[tuple, list[dict]] = {}
         for (method, clients, eps, _), row in sorted(done.items(), key=lambda kv: kv[0][3]):
             by_cell.setdefault((method, clients, eps), []).append(row)
@@ -444,12 +482,12 @@ def main(argv: list[str]) -> None:
                                    key=lambda c: c["clients"])
         atomic_write_json(path, result)
 
+    read_runs()
     for method, clients, eps in dict.fromkeys(cells):  # cell by cell: an interrupted table has whole cells first
         for seed in seeds:
             key = (method, clients, eps_key(eps), seed)
             if key not in done:
                 done[key] = run_one(args, method, clients, eps, seed)
-                result["runs"].append(done[key])
                 if all(k[3] >= seed for k in done if k[:3] == key[:3]):  # the grids show a cell's lowest seed
                     copy_grids(done[key], docs / f"{stem}_grids")
                 views()
@@ -466,4 +504,4 @@ def main(argv: list[str]) -> None:
         for r in result["scaling"]:
             print(f"N={r['clients']}: KID minority pfdm {cell(r, 'minority_kid')}, private alone "
                   f"{cell(r, 'private_only_minority_kid')}")
-    atomic_write_json(path, result)
+    views()

@@ -62,6 +62,9 @@ def run_server(grid: Grid, flat_config: Mapping[str, Any]) -> dict[str, Any]:
         strategy = registry.strategy_class(cfg.method)(run)
         summary["metrics"] = strategy.execute(MeteredGrid(grid, run))
         summary["status"] = "completed"
+        from fedapp.models.checkpoints import drop_train_states
+
+        drop_train_states(out.root)  # mid-run train states: nothing is left to continue
     except Exception as err:  # keep what we have: the summary says why it stopped
         summary["status"] = "failed"
         summary["error"] = f"{type(err).__name__}: {err}"

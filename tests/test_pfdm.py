@@ -351,7 +351,7 @@ def test_shared_denoiser_objective_and_sampling_range(monkeypatch, mode):
     strategy = PFDMStrategy.__new__(PFDMStrategy)  # train_shared alone: no grid, no clients
     strategy.t0 = t0
     strategy.run = SimpleNamespace(device="cpu", out=SimpleNamespace(log_metrics=lambda m: None),
-                                   cfg=SimpleNamespace(seed=0, image_size=8, options=PFDMOptions(
+                                   cfg=SimpleNamespace(seed=0, image_size=8, run_name="", options=PFDMOptions(
                                        shared_steps=20, batch=64, channels="8,16", shared=mode)))
     x_up, y_up = privatize(torch.rand(64, 3, 8, 8) * 2 - 1, 10.0, t0), torch.arange(64) % 4
     shared = strategy.train_shared(x_up, y_up, 4)

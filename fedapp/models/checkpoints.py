@@ -5,6 +5,7 @@ stopped mid-training continue where it was cut (TrainState, and run_train_state 
 from __future__ import annotations
 
 import io
+import logging
 import random
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -16,6 +17,7 @@ from torch import nn
 
 from fedapp.results import atomic_write_bytes
 
+log = logging.getLogger("fedapp")
 STATE_DIR = "train_state"  # a run folder's train states (removed when the run completes)
 # run-config keys that change where a run writes or how often it saves, not what it computes: a run whose
 # config differs only in these continues from the same train states
@@ -52,34 +54,42 @@ class TrainState:
     data generator, the losses so far and the process's global RNGs (torch, CUDA, numpy, python). The trainer
     writes it atomically after each checkpoint's reading, every `every` steps (0: never between readings)
     and at the end (so a resumed sweep has every reading up to the step it continues from); `signature`
-    (the run's settings) must match the file's, or loading names both.
+    (the run's settings) must match the file's, or loading names both (StaleState); restart=True: a file saved
+    for other settings is removed with a warning and the training starts over instead.
 
     Nothing here feeds a privacy mechanism: DP noise is drawn from the OS (fedapp.privacy.os_generator,
     os_torch_generator), which no restored RNG state reaches."""
 
-    def __init__(self, path: str | Path, signature: dict, every: int = 0):
-        self.path, self.signature, self.every = Path(path), dict(signature), int(every)
+    def __init__(self, path: str | Path, signature: dict, every: int = 0, restart: bool = False):
+        self.path, self.signature, self.every, self.restart = Path(path), dict(signature), int(every), restart
         self._loaded: dict | None = None  # the file as `saved_step` read it, handed to `restore` (one load)
 
     def saved_step(self) -> int:
-        """The step the file holds (0: no file)."""
-        return int(self._read()["step"]) if self.path.exists() else 0
+        """The step the file holds (0: no usable file)."""
+        state = self._read()
+        return int(state["step"]) if state is not None else 0
 
     def due(self, step: int, steps: int, readings: Iterable[int] = ()) -> bool:
         """Whether to save after `step` (1-based) of `steps`: at a reading, every `every` steps, at the end."""
         return step == steps or step in readings or (self.every > 0 and step % self.every == 0)
 
-    def _read(self) -> dict:
-        if self._loaded is None:
-            self._loaded = load_signed(self.path, self.signature, "train state")
+    def _read(self) -> dict | None:
+        if self._loaded is None and self.path.exists():
+            try:
+                self._loaded = load_signed(self.path, self.signature, "train state")
+            except StaleState as err:
+                if not self.restart:
+                    raise
+                log.warning("%s: starting it over", err)
+                self.path.unlink(missing_ok=True)
         return self._loaded
 
     def restore(self, parts: dict, generator, extras: dict) -> int:
         """Load every part's state dict, the generator's state, the `extras` lists and the global RNGs in
-        place; the step."""
-        if not self.path.exists():
-            return 0
+        place; the step (0: no usable file)."""
         state, self._loaded = self._read(), None  # restored once: the memory goes back
+        if state is None:
+            return 0
         for name, obj in parts.items():
             if obj is not None:
                 obj.load_state_dict(state["parts"][name])
@@ -120,11 +130,15 @@ def save_signed(path: Path, signature: dict, body: dict) -> None:
     atomic_write_bytes(path, buf.getvalue())
 
 
+class StaleState(ValueError):
+    """A state file saved for other settings than the run that reads it."""
+
+
 def load_signed(path: Path, signature: dict, what: str) -> dict:
-    """A save_signed file; refused, naming both signatures, when it was saved for other settings."""
+    """A save_signed file; refused (StaleState), naming both signatures, when it was saved for other settings."""
     state = torch.load(path, map_location="cpu", weights_only=False)
     if state["signature"] != signature:
-        raise ValueError(f"{what} {path}: saved for {state['signature']}, not this run's {signature}; "
+        raise StaleState(f"{what} {path}: saved for {state['signature']}, not this run's {signature}; "
                          "remove the file to start over")
     return state
 
@@ -140,31 +154,41 @@ def run_state_dir(cfg) -> Path | None:
 
 
 def state_signature(cfg, name: str) -> dict:
-    """What a train state was saved for: its name in the run and the run config that decides its values
-    (STATE_FREE_KEYS left out)."""
+    """What a train state was saved for: its name in the run and the run config values that decide it, those
+    away from their defaults (a key that a newer version adds at a default keeps the old states usable) and
+    not in STATE_FREE_KEYS."""
+    from fedapp.config import all_defaults
     from fedapp.models.cache import facts_digest
 
-    flat = {k: v for k, v in cfg.flat().items() if k not in STATE_FREE_KEYS}
+    defaults = all_defaults()
+    flat = {k: v for k, v in cfg.flat().items()
+            if k not in STATE_FREE_KEYS and (k not in defaults or defaults[k] != v)}
     return {"name": name, "config": facts_digest(flat, 16)}
 
 
 def run_train_state(cfg, name: str) -> TrainState | None:
     """The TrainState `name` (e.g. "client0-private") of a run, saved every pfdm.checkpoint-every steps;
-    None where the run keeps none (run_state_dir)."""
+    None where the run keeps none (run_state_dir). One saved for another config is started over, with a
+    warning: a run (a client's especially, whose error would only drop it) never fails on a stale file."""
     folder = run_state_dir(cfg)
     if folder is None:
         return None
-    return TrainState(folder / f"{name}.pt", state_signature(cfg, name), every=cfg.options.checkpoint_every)
+    return TrainState(folder / f"{name}.pt", state_signature(cfg, name), every=cfg.options.checkpoint_every,
+                      restart=True)
 
 
 def kept_tensors(cfg, name: str, draw: Callable[[], dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
     """`draw()` once per run: where the run keeps train states, its result is saved under `name` and a
     restarted run gets the saved tensors back instead of a second draw (a client's local-DP upload: sending
-    the same release again spends no more privacy; a fresh draw would release the data twice)."""
+    the same release again spends no more privacy; a fresh draw would release the data twice). Tensors
+    saved for another config are drawn again, with a warning."""
     folder = run_state_dir(cfg)
     path = None if folder is None else folder / f"{name}.pt"
     if path is not None and path.exists():
-        return load_signed(path, state_signature(cfg, name), "kept tensors")["tensors"]
+        try:
+            return load_signed(path, state_signature(cfg, name), "kept tensors")["tensors"]
+        except StaleState as err:
+            log.warning("%s: drawing them again", err)
     tensors = draw()
     if path is not None:
         save_signed(path, state_signature(cfg, name), {"tensors": tensors})

@@ -244,8 +244,8 @@ def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag
     on_checkpoint(k, model, loss) after step k of `checkpoints` (fedapp.models.checkpoints), with the weights
     the run would end with there (the EMA's): a budget sweep reads one continuous run, not restarts.
     `state` (fedapp.models.checkpoints.TrainState): continue from its file where one is saved, and save it after
-    each checkpoint and the last step, so that a run cut short resumes to the weights an uninterrupted one ends
-    with."""
+    each checkpoint, every `state.every` steps and the last step, so that a run cut short resumes to the weights
+    an uninterrupted one ends with (a finished file: the trained weights, no step taken)."""
     from torch.optim.swa_utils import AveragedModel, get_ema_multi_avg_fn
 
     model.to(device).train()
@@ -271,7 +271,7 @@ def train_ddpm(model: DDPM, x: torch.Tensor, y: torch.Tensor | None = None, flag
             averaged.update_parameters(model)
         tail.add(step, loss)
         ckpt.step(step + 1, loss.item(), model if averaged is None else averaged.module, model)
-        if state is not None and (step + 1 in ckpt.at or step + 1 == steps):
+        if state is not None and state.due(step + 1, steps, ckpt.at):
             state.save(step + 1, parts, g, extras)
     if averaged is not None:
         model.load_state_dict(averaged.module.state_dict())

@@ -116,6 +116,11 @@ class PFDMOptions:
     sample_steps: int = opt(50, low=2, help="DDIM steps T -> 0 (split at t0 in proportion for pfdm)")
     attack_samples: int = opt(200, low=10, help="members and non-members per attack")
     ref_epochs: int = opt(8, low=1, help="epochs of the reference classifier (SmallCNN on the server's public data)")
+    checkpoint_every: int = opt(200, low=0,
+                                help="a run with a fixed run-name saves each denoiser's train state (weights, EMA, "
+                                     "Adam, step, RNGs) every this many of its steps under <out-dir>/<run-name>/"
+                                     "train_state, and a client its upload; the same run started again continues "
+                                     "each from there (removed when the run completes); 0: none")
 
     def __post_init__(self) -> None:
         parts = self.channels.replace(" ", "").split(",")
