@@ -14,7 +14,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from fedapp.config import RunConfig, check_data, method_scoped
+from fedapp.config import RunConfig, check_data, method_scoped, parse_run_config
 from fedapp.options import AUTO, ConfigError, refuse
 
 BUILTIN_MODELS = ("cnn", "cnn-gap", "resnet10", "resnet18")  # fedapp.models.classifier.CNNS, RESNET_DEPTHS
@@ -195,6 +195,17 @@ def check_sample_size(cfg: RunConfig, num_nodes: int) -> None:
 RESUME_FREE_KEYS = ("resume", "run-name", "out-dir", "log.tensorboard")  # where and what it logs, not what it computes
 
 
+def saved_config(recorded: dict, method: str) -> dict:
+    """A run folder's config.json as today's code reads it: scoped to its method (as flat() is), and a key
+    added since the run was saved takes its default, so such a run still resumes where this run leaves
+    the new key at its default. A record today's parser refuses is compared as written."""
+    scoped = method_scoped(recorded, method)
+    try:
+        return {**parse_run_config(scoped).flat(), **scoped}
+    except ConfigError:
+        return scoped
+
+
 def check_resume(cfg: RunConfig) -> None:
     """`resume` names a folder of a resumable method's run with a checkpoint, run with this config."""
     import json
@@ -209,7 +220,7 @@ def check_resume(cfg: RunConfig) -> None:
     if not all((folder / f).is_file() for f in ("config.json", CHECKPOINT, CHECKPOINT_META)):
         raise refuse("resume", cfg.resume, "not a run folder with config.json and a checkpoint; "
                                            "must be the folder of a run that completed at least one round")
-    saved = method_scoped(json.loads((folder / "config.json").read_text()), cfg.method)  # as flat() is
+    saved = saved_config(json.loads((folder / "config.json").read_text()), cfg.method)
     now = cfg.flat()
     differ = sorted(k for k in set(saved) | set(now) if k not in RESUME_FREE_KEYS and saved.get(k) != now.get(k))
     if differ:
