@@ -1,6 +1,9 @@
 """DCFM's Colored-MNIST-style table on colored-digits: Frechet distance on reference-classifier features
 and composition accuracy, seen vs novel (digit, colour) pairs, IID vs non-IID, for fedflow, ddm,
-local-only-flow, DCFM-A and DCFM-B.
+ddm+l (the paper's DDM+L: DDM over experts trained with L_CI, DCFM's Stage I), local-only-flow, DCFM-A
+(peer rounds one client after another), DCFM-A as the paper runs it (dcfm-a-allgather) and DCFM-B. Every
+A row keeps the composites' residuals and the experts' gauge figures after Stage I and after each peer
+round (`ci_by_round`: strategies.dcfm.DcfmStrategy.round_record).
 
     python -m experiments dcfm [--clients 5] [--seeds 0,1,2] [--quick] [--out docs/results]
     # a budget sweep of one run-config key over some rows (issue 28 item 2): each value is a row of its own,
@@ -41,11 +44,15 @@ from experiments.common import (BACKENDS, all_converged, available_cpus, check_c
                                 paired_text, parse_set, prog, run, subset_of, verdict_mark, write_block)
 from fedapp.results import atomic_write_json
 
-ROWS = [("fedflow", {}), ("ddm", {}), ("local-only-flow", {}),
-        ("dcfm-a", {"dcfm.variant": "a"}), ("dcfm-b", {"dcfm.variant": "b"})]
+# (row, its run-config keys): a row's method is its name, "dcfm" for the dcfm-* rows, or its own "method" key
+ROWS = [("fedflow", {}), ("ddm", {}), ("ddm+l", {"method": "ddm", "dcfm.ddm-ci": True}), ("local-only-flow", {}),
+        ("dcfm-a", {"dcfm.variant": "a", "dcfm.peer-schedule": "sequential"}),
+        ("dcfm-a-allgather", {"dcfm.variant": "a", "dcfm.peer-schedule": "allgather"}),
+        ("dcfm-b", {"dcfm.variant": "b"})]
 ROW_NAMES = [n for n, _ in ROWS]
 SPLITS = ("non-iid", "iid")  # the paper's headline column first
-PAPER_NONIID_NOVEL_FID = {"fedflow": 20.02, "ddm": 18.84, "dcfm-a": 9.29, "dcfm-b": 9.15}
+# the paper's rows under our names: its DDM row is DDM+L, its DCFM-A runs the allgather
+PAPER_NONIID_NOVEL_FID = {"fedflow": 20.02, "ddm+l": 18.84, "dcfm-a-allgather": 9.29, "dcfm-b": 9.15}
 
 # Sized for ~25 min of one shared CPU core (the paper: 10 clients, 28x28 MNIST, full training).
 SETTINGS = {"image-size": 8, "batch-size": 32, "num-server-rounds": 4, "dcfm.fl-local-steps": 25,
@@ -84,10 +91,11 @@ def config(name: str, extra: dict, split: str, clients: int, settings: dict, out
 FIGURE_KEYS = ("seen_distance", "novel_distance", "seen_kid", "seen_kid_std", "novel_kid", "novel_kid_std",
                "seen_composition_accuracy", "novel_composition_accuracy", "seen_digit_accuracy",
                "novel_digit_accuracy", "seen_color_accuracy", "novel_color_accuracy", "model_transfers_per_client")
-# fedapp.readers; DCFM's composites against its joint fields (strategies.dcfm.DcfmStrategy.ci_diagnostics);
-# DDM's router on the asked pair's holders (strategies.fedflow.router_holder_weight)
+# fedapp.readers; DCFM's composites against its joint fields (strategies.dcfm.DcfmStrategy.ci_diagnostics), A's
+# schedule and the same per peer round with the experts' gauge figures (DcfmStrategy.round_record); DDM's router
+# on the asked pair's holders (strategies.fedflow.router_holder_weight)
 OPTIONAL_KEYS = ("reader_accuracy", "reader_unreliable", "ci_residual_self", "ci_residual_mixture",
-                 "router_holder_weight", "router_holder_weight_end")
+                 "peer_schedule", "ci_by_round", "router_holder_weight", "router_holder_weight_end")
 
 
 def row_figures(metrics: dict) -> dict:
@@ -129,17 +137,19 @@ def flow_compute(name: str, settings: dict, clients: int, extra: dict | None = N
     """A row's optimiser steps, summed over the nets its samples need, and images seen = steps x batch-size
     (every trainer draws batch-size a step; the router's and the student's are generated, not real):
     fedflow clients x num-server-rounds x dcfm.fl-local-steps; local-only-flow clients x dcfm.local-steps
-    (Stage I); ddm Stage I + dcfm.router-steps; DCFM-A Stage I + clients x dcfm.rounds x dcfm.peer-steps;
-    DCFM-B Stage I + dcfm.distill-steps. Not counted: the reference classifiers (evaluation only)."""
+    (Stage I); ddm (and ddm+l) Stage I + dcfm.router-steps; DCFM-A (either schedule) Stage I + clients x
+    dcfm.rounds x dcfm.peer-steps; DCFM-B Stage I + dcfm.distill-steps. Not counted: the reference
+    classifiers (evaluation only)."""
     from fedapp.config import parse_run_config
 
     cfg = parse_run_config(config(name, dict(ROWS)[base_row(name)] if extra is None else extra, SPLITS[0], clients,
                                   settings, "runs"))
     o = cfg.options
     stage_one = clients * o.local_steps
+    kind = f"dcfm-{o.variant}" if cfg.method == "dcfm" else cfg.method
     steps = {"fedflow": clients * cfg.num_server_rounds * o.fl_local_steps, "local-only-flow": stage_one,
              "ddm": stage_one + o.router_steps, "dcfm-a": stage_one + clients * o.rounds * o.peer_steps,
-             "dcfm-b": stage_one + o.distill_steps}[base_row(name)]
+             "dcfm-b": stage_one + o.distill_steps}[kind]
     return {"steps": steps, "images_seen": steps * cfg.batch_size}
 
 
@@ -151,16 +161,19 @@ def split_verdicts(rows: list[dict]) -> dict[str, dict]:
 
 
 PAIRED = (("novel_distance", False), ("novel_composition_accuracy", True))  # (figure, higher is better)
+# (row, reference): each DCFM row against the baselines, and the paper's A against the sequential one
+COMPARED = [(m, ref) for m in ("dcfm-a", "dcfm-a-allgather", "dcfm-b") for ref in ("fedflow", "ddm", "ddm+l")]
+COMPARED.append(("dcfm-a-allgather", "dcfm-a"))
 
 
 def paired_rows(rows: list[dict]) -> list[dict]:
-    """DCFM-A and DCFM-B against FedFlow and DDM, per split, same seeds (experiments.common.paired_difference)."""
+    """COMPARED, per split, on the seeds both rows have (experiments.common.paired_difference)."""
     def per_seed(method: str, split: str, key: str) -> dict:
         return {r.get("seed", 0): r.get(key) for r in rows if r["method"] == method and r["split"] == split}
 
     return [{"method": m, "against": ref, "split": split,
              **{k: paired_difference(per_seed(m, split, k), per_seed(ref, split, k), higher) for k, higher in PAIRED}}
-            for split in SPLITS for m in ("dcfm-a", "dcfm-b") for ref in ("fedflow", "ddm")
+            for split in SPLITS for m, ref in COMPARED
             if per_seed(m, split, PAIRED[0][0]) and per_seed(ref, split, PAIRED[0][0])]
 
 
@@ -252,7 +265,29 @@ def markdown(done: dict) -> str:
         for q in done["paired"]:
             lines.append(f"| {q['split']} | {q['method']} − {q['against']} | {paired_text(q['novel_distance'], 0)} "
                          f"| {paired_text(q['novel_composition_accuracy'], 1, scale=100)} |")
-    return "\n".join(lines)
+    return "\n".join(lines + rounds_lines(runs))
+
+
+def rounds_lines(runs: list[dict]) -> list[str]:
+    """The per-round record of the A runs that keep one (`ci_by_round`) as markdown: round 0 is Stage I."""
+    traced = [r for r in runs if r.get("ci_by_round")]
+    if not traced:
+        return []
+    lines = ["", "DCFM-A after Stage I (round 0) and each peer round, on noised real images of seen pairs. Residuals: "
+             "composite against joint field, relative to the conditional signal. Gauge: the experts' unconditional "
+             "fields apart, moved in the round, and from where their peers stood at its start, relative to their "
+             "size:", "", "| split | method | seed | round | residual own / mixture | gauge gap | moved "
+             "| to peers' start |", "|" + "---|" * 8]
+
+    def num(rec: dict, key: str) -> str:
+        return f"{rec[key]:.3f}" if isinstance(rec.get(key), (int, float)) else ""
+
+    for r in traced:
+        for rec in r["ci_by_round"]:
+            lines.append(f"| {r['split']} | {r['method']} | {r.get('seed', 0)} | {rec['round']} "
+                         f"| {num(rec, 'ci_residual_self')} / {num(rec, 'ci_residual_mixture')} "
+                         f"| {num(rec, 'uncond_gap')} | {num(rec, 'uncond_moved')} | {num(rec, 'uncond_to_peers')} |")
+    return lines
 
 
 MEAN_KEYS = ("seen_distance", "novel_distance", "seen_kid", "novel_kid", "seen_composition_accuracy",

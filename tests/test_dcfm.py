@@ -416,7 +416,8 @@ SHARED_METRICS = {f"{kind}_{m}" for kind in ("seen", "novel")
     "reader_accuracy", "reader_unreliable", "unreliable_readers"}
 CI_RESIDUALS = ("ci_residual_self", "ci_residual_mixture")  # DCFM's composites against its joint fields
 IN_PROCESS = {  # run config, own metrics, server phases timed, model transfers per client (N = 3, R = 1, T = 2)
-    "dcfm-a": ({"method": "dcfm", "dcfm.variant": "a", "dcfm.rounds": 1}, {"variant", "rounds", *CI_RESIDUALS},
+    "dcfm-a": ({"method": "dcfm", "dcfm.variant": "a", "dcfm.rounds": 1},
+               {"variant", "rounds", "peer_schedule", "ci_by_round", *CI_RESIDUALS},
                {"stage1", "peer_round1", "evaluation"}, 4),
     "dcfm-b": ({"method": "dcfm", "dcfm.variant": "b"}, {"variant", "distill_student", "distill_student_ci",
                                                          "replay_states", *CI_RESIDUALS},
@@ -498,13 +499,18 @@ def _assert_same_figures(shared: dict, alone: dict):
         assert shared[k] == pytest.approx(alone[k], abs=1e-6), k
 
 
-@pytest.mark.parametrize("first, second", [("dcfm-a", "dcfm-b"), ("ddm", "local-only-flow")])
+IN_PROCESS_DDM_L = ({"method": "ddm", "dcfm.ddm-ci": True}, *IN_PROCESS["ddm"][1:])  # the paper's DDM+L
+
+
+@pytest.mark.parametrize("first, second", [("dcfm-a", "dcfm-b"), ("ddm", "local-only-flow"), ("dcfm-a", "ddm+l")])
 def test_a_row_after_one_with_the_same_stage_one_reuses_it_exactly_through_a_reply_cache(tmp_path, first, second):
     """The DCFM table's rows of a (seed, split) share one ReplyCache. A and B send the clients the same Stage I
     (their configs differ only in server-only keys); DDM and local-only-flow send the same plain Stage I under
-    two method names that share one client module. So the second row's Stage I is the first's replies, and its
-    figures equal those of a run that trained its own experts."""
-    a_cfg, b_cfg = ({**TINY, **IN_PROCESS[name][0], "out-dir": str(tmp_path / name)} for name in (first, second))
+    two method names that share one client module; DDM+L sends DCFM's Stage I (L_CI at dcfm.lambda-ci). So the
+    second row's Stage I is the first's replies, and its figures equal those of a run that trained its own
+    experts."""
+    cfgs = {**IN_PROCESS, "ddm+l": IN_PROCESS_DDM_L}
+    a_cfg, b_cfg = ({**TINY, **cfgs[name][0], "out-dir": str(tmp_path / name)} for name in (first, second))
     before, after, _, shared, alone = _through_one_cache(a_cfg, b_cfg)
     assert before == 0 and after == 3  # each client's Stage I, once
     _assert_same_figures(shared, alone)
@@ -580,3 +586,115 @@ def test_toy_cli_writes_nothing_on_help_or_a_bad_argument(tmp_path, monkeypatch,
         main([*argv, "--out", str(tmp_path / "out")] if argv != ["--help"] else argv)
     assert exit_.value.code == (0 if argv == ["--help"] else 2)
     assert list(tmp_path.iterdir()) == []
+
+
+# ---- the table's rows as the paper names them: A's allgather, DDM+L; A's record per peer round ---------------
+def _table_row(tmp_path, name: str, monkeypatch, **settings) -> tuple[dict, list, list]:
+    """One row of `python -m experiments dcfm` (its own run config, experiments.dcfm.config) on TINY, 3 clients:
+    its metrics, the node groups of each variant-A peer exchange, and the lambda of each Stage I."""
+    from experiments import dcfm
+    from fedapp.protocols import dcfm as P
+    from fedapp.simulation import simulate_in_process
+    from strategies.dcfm import DcfmStrategy
+    from strategies.flow import FlowStrategy
+
+    groups, lambdas = [], []
+    exchange, stage_one = DcfmStrategy.exchange, FlowStrategy.stage_one
+
+    def spy_exchange(self, grid, phase, nodes, *a, **kw):
+        if phase is P.PEER:
+            groups.append(sorted(nodes))
+        return exchange(self, grid, phase, nodes, *a, **kw)
+
+    def spy_stage_one(self, grid, nodes, lambda_ci):
+        lambdas.append(lambda_ci)
+        return stage_one(self, grid, nodes, lambda_ci)
+
+    monkeypatch.setattr(DcfmStrategy, "exchange", spy_exchange)
+    monkeypatch.setattr(FlowStrategy, "stage_one", spy_stage_one)
+    torch.set_num_threads(1)
+    cfg = dcfm.config(name, dict(dcfm.ROWS)[name], "non-iid", 3, {**TINY, **settings}, str(tmp_path))
+    return _check_summary(simulate_in_process(cfg, num_clients=3)), groups, lambdas
+
+
+def test_the_allgather_row_retrains_every_expert_at_once_and_records_each_round(tmp_path, monkeypatch):
+    """dcfm-a-allgather: each peer round is one exchange with all N clients (the paper's allgather), where the
+    sequential row sends one client at a time; the cell keeps R + 1 records (Stage I, then each round) of the
+    composites' residuals and the experts' gauge figures, the last one the row's residuals."""
+    m, groups, lambdas = _table_row(tmp_path, "dcfm-a-allgather", monkeypatch, **{"dcfm.rounds": 2})
+    assert len(groups) == 2 and all(len(g) == 3 for g in groups) and groups[0] == groups[1]
+    assert lambdas == [1.0] and m["peer_schedule"] == "allgather"
+    trace = m["ci_by_round"]
+    assert [r["round"] for r in trace] == [0, 1, 2]
+    assert set(trace[0]) == {"round", *CI_RESIDUALS, "uncond_gap"}  # nothing to move from after Stage I
+    for rec in trace[1:]:
+        assert set(rec) == {"round", *CI_RESIDUALS, "uncond_gap", "uncond_moved", "uncond_to_peers"}
+        assert all(rec[k] >= 0 and rec[k] == rec[k] for k in rec)
+        assert rec["uncond_moved"] > 0  # peer-CI training changed the experts
+    assert {k: m[k] for k in CI_RESIDUALS} == {k: trace[-1][k] for k in CI_RESIDUALS}
+    from experiments.dcfm import row_figures
+
+    assert row_figures(m)["ci_by_round"] == trace  # what the table's cell keeps
+
+    m, groups, _ = _table_row(tmp_path, "dcfm-a", monkeypatch, **{"dcfm.rounds": 1})
+    assert [len(g) for g in groups] == [1, 1, 1] and len({g[0] for g in groups}) == 3  # one client at a time
+    assert m["peer_schedule"] == "sequential" and len(m["ci_by_round"]) == 2
+
+
+def test_the_ddm_l_row_trains_its_experts_with_the_ci_penalty_and_ddm_without(tmp_path, monkeypatch):
+    from experiments import dcfm
+    from fedapp.config import parse_run_config
+
+    cfg = parse_run_config(dcfm.config("ddm+l", dict(dcfm.ROWS)["ddm+l"], "non-iid", 5,
+                                       {**dcfm.SETTINGS, "dataset": "colored-digits"}, "runs"))
+    assert cfg.method == "ddm" and cfg.options.ddm_ci and cfg.options.lambda_ci > 0
+    m, groups, lambdas = _table_row(tmp_path, "ddm+l", monkeypatch)
+    assert lambdas == [cfg.options.lambda_ci] and groups == []
+    assert "router_holder_weight" in m
+    _, _, lambdas = _table_row(tmp_path, "ddm", monkeypatch)
+    assert lambdas == [0.0]
+
+
+def test_gauge_figures_tell_experts_that_swapped_gauges_from_experts_that_agree():
+    """The toy's allgather failure: each expert takes its peer's field, so the gap stays, each field moved, and
+    each sits where its peer stood (to peers 0); experts that adopt one field close the gap."""
+    from strategies.dcfm import gauge_figures
+
+    g = torch.Generator().manual_seed(0)
+    f, h = torch.randn(6, 3, 4, 4, generator=g), torch.randn(6, 3, 4, 4, generator=g)
+    before = {0: f, 1: h}
+    swapped = gauge_figures({0: h, 1: f}, before)
+    assert swapped["uncond_gap"] == pytest.approx(gauge_figures(before, None)["uncond_gap"])
+    assert swapped["uncond_gap"] > 0.2 and swapped["uncond_to_peers"] == pytest.approx(0.0)
+    assert swapped["uncond_moved"] > 0.5
+    agreed = gauge_figures({0: (f + h) / 2, 1: (f + h) / 2}, before)
+    assert agreed["uncond_gap"] == pytest.approx(0.0, abs=1e-12) and agreed["uncond_moved"] > 0
+    assert set(gauge_figures(before, None)) == {"uncond_gap"}
+
+
+def test_the_table_counts_the_new_rows_steps_pairs_them_and_shows_as_rounds():
+    """ddm+l and dcfm-a-allgather cost what ddm and dcfm-a do; A's allgather pairs with the sequential A and
+    every DCFM row with DDM+L; the --doc page lists each A run's record per round."""
+    from experiments.dcfm import SETTINGS, flow_compute, markdown, paired_rows
+
+    settings = {**SETTINGS, "dataset": "colored-digits"}
+    assert flow_compute("ddm+l", settings, 5) == flow_compute("ddm", settings, 5)
+    assert flow_compute("dcfm-a-allgather", settings, 5) == flow_compute("dcfm-a", settings, 5)
+
+    def row(method, seed, novel_acc, trace=None):
+        return {"method": method, "split": "non-iid", "seed": seed, "seen_distance": 1.0, "novel_distance": 9.0,
+                "seen_composition_accuracy": 0.5, "novel_composition_accuracy": novel_acc,
+                "model_transfers_per_client": 6.0, **({"ci_by_round": trace} if trace else {})}
+
+    trace = [{"round": 0, "ci_residual_self": 0.03, "ci_residual_mixture": 0.07, "uncond_gap": 0.4},
+             {"round": 1, "ci_residual_self": 0.02, "ci_residual_mixture": 0.3, "uncond_gap": 0.41,
+              "uncond_moved": 0.8, "uncond_to_peers": 0.1}]
+    rows = [row("dcfm-a", s, 0.2) for s in (0, 1)] + [row("dcfm-a-allgather", s, 0.1, trace) for s in (0, 1)]
+    rows += [row("ddm+l", 0, 0.05)]
+    pairs = {(q["method"], q["against"]): q for q in paired_rows(rows)}
+    assert set(pairs) == {("dcfm-a-allgather", "dcfm-a"), ("dcfm-a", "ddm+l"), ("dcfm-a-allgather", "ddm+l")}
+    assert pairs["dcfm-a-allgather", "dcfm-a"]["novel_composition_accuracy"]["mean"] == pytest.approx(-0.1)
+    lines = markdown({"rows": rows, "paired": []}).splitlines()
+    assert "| non-iid | dcfm-a-allgather | 1 | 1 | 0.020 / 0.300 | 0.410 | 0.800 | 0.100 |" in lines
+    assert "| non-iid | dcfm-a-allgather | 0 | 0 | 0.030 / 0.070 | 0.400 |  |  |" in lines
+    assert not [ln for ln in lines if ln.startswith("| non-iid | dcfm-a | 0 | 0 |")]  # no record, no line

@@ -112,6 +112,8 @@ class DcfmOptions:
                                     "(an ablation: a pair no client holds keeps its random vector)")
     fl_local_steps: int = opt(20, low=1, help="fedflow: local steps per round (rounds = num-server-rounds)")
     router_steps: int = opt(200, low=1, help="ddm: Adam steps of the router (x_t, t) -> expert")
+    ddm_ci: bool = opt(False, help="ddm: its experts train with L_CI at dcfm.lambda-ci, DCFM's Stage I (the paper's "
+                                   "DDM+L); false: plain masked L_FM")
     ref_epochs: int = opt(8, low=1, help="epochs of the reference classifiers (digit, colour) on real data")
 
     def __post_init__(self) -> None:
