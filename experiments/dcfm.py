@@ -39,9 +39,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from experiments.common import (BACKENDS, all_converged, available_cpus, check_configs, check_cpu_budget,
-                                count_text, file_lock, generative_verdict, kid_cell, over_seeds, paired_difference,
-                                paired_text, parse_set, prog, run, subset_of, verdict_mark, write_block)
+from experiments.cli import common_args, pin_threads
+from experiments.common import (BACKENDS, all_converged, available_cpus, check_configs, count_text, file_lock,
+                                generative_verdict, kid_cell, over_seeds, paired_difference, paired_text, parse_set,
+                                prog, run, subset_of, verdict_mark, write_block)
 from fedapp.results import atomic_write_json
 
 # (row, its run-config keys): a row's method is its name, "dcfm" for the dcfm-* rows, or its own "method" key
@@ -360,16 +361,19 @@ def record_row(path: Path, row: dict | None, settings: dict, clients: int, compu
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog=prog("dcfm"), description=__doc__.split("\n")[0])
+    shared = common_args(
+        dataset="colored-digits", seeds="0", set=[], out="docs/results", runs="runs/dcfm-table",
+        threads=available_cpus(),
+        helps={"dataset": "digit x colour data (colored-mnist: real digits)",
+               "seeds": "comma-separated run seeds; each (method, split) runs once per seed",
+               "set": "run-config overrides on top of the table's settings (e.g. dcfm.local-steps=200)",
+               "out": "folder for dcfm[_<dataset>].json and its grid",
+               "threads": "torch threads of this process and the processes it starts (clients and server phases "
+                          "alike; default: the cores available; 0: torch's default)"})
+    p = argparse.ArgumentParser(prog=prog("dcfm"), description=__doc__.split("\n")[0], parents=[shared])
     p.add_argument("--clients", type=int, default=5)
-    p.add_argument("--seeds", default="0", help="comma-separated run seeds; each (method, split) runs once per seed")
     p.add_argument("--quick", action="store_true", help="a smoke run (minutes), not the table")
-    p.add_argument("--dataset", default="colored-digits", help="digit x colour data (colored-mnist: real digits)")
     p.add_argument("--image-size", type=int, default=0, help="0: the table's setting (8)")
-    p.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
-                   help="run-config overrides on top of the table's settings (e.g. dcfm.local-steps=200)")
-    p.add_argument("--out", default="docs/results", help="folder for dcfm[_<dataset>].json and its grid")
-    p.add_argument("--runs", default="runs/dcfm-table", help="folder of the runs' own folders")
     p.add_argument("--rows", default=",".join(ROW_NAMES), help="subset of the table's rows")
     p.add_argument("--splits", default=",".join(SPLITS), help=f"subset of {','.join(SPLITS)}")
     p.add_argument("--sweep", default=None, metavar="KEY=V1,V2,...",
@@ -378,17 +382,12 @@ def parser() -> argparse.ArgumentParser:
                    help="also write the table as markdown into this page (its generated block dcfm:<stem>)")
     p.add_argument("--backend", choices=BACKENDS, default="inprocess",
                    help="inprocess: fedapp.simulation.simulate_in_process (no Ray start-up); ray: fedapp.simulate")
-    p.add_argument("--threads", type=int, default=available_cpus(),
-                   help="torch threads of this process (clients and server phases alike; default: the cores available)")
     return p
 
 
 def main(argv: list[str]) -> None:
     a = parser().parse_args(argv)
-    check_cpu_budget(1, a.threads)
-    import torch
-
-    torch.set_num_threads(a.threads)
+    pin_threads(a.threads)
     settings = {**(QUICK if a.quick else SETTINGS), "dataset": a.dataset}
     if a.image_size:
         settings["image-size"] = a.image_size

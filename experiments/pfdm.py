@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from experiments.cli import common_args
 from experiments.common import (BACKENDS, all_converged, check_configs, count_text, file_lock, generative_verdict,
                                 json_under, over_seeds, plateau,
                                 paired_difference, paired_text, parse_set, prog, run, verdict_mark)
@@ -397,7 +398,12 @@ def plot_eps_curve(curve: list[dict], table: list[dict], path: Path, verdict: di
 
 
 def parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog=prog("pfdm"), description=__doc__.split("\n")[0])
+    shared = common_args(dataset="colored-digits", seeds="0", set=[], runs="runs/pfdm-experiment", out="docs/results",
+                         helps={"dataset": "a dataset with classes (colored-mnist: real digits)",
+                                "seeds": "comma-separated run seeds: every run once per seed",
+                                "set": "run-config overrides for every run",
+                                "out": "folder for pfdm[_<dataset>].json, its grids and plots"})
+    ap = argparse.ArgumentParser(prog=prog("pfdm"), description=__doc__.split("\n")[0], parents=[shared])
     ap.add_argument("--clients", type=int, default=4, help="clients of the main table and the ε curve")
     ap.add_argument("--scaling", default="2,4,8", help="client counts of the scaling plot (pfdm runs)")
     ap.add_argument("--eps-curve", default="",
@@ -411,15 +417,10 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--attack-samples", type=int, default=300)
     ap.add_argument("--channels", default="16,32")
     ap.add_argument("--epsilon", type=float, default=10.0, help="ε of the table's pfdm and dpdm rows")
-    ap.add_argument("--dataset", default="colored-digits", help="a dataset with classes (colored-mnist: real digits)")
     ap.add_argument("--image-size", type=int, default=8)
-    ap.add_argument("--seeds", default="0", help="comma-separated run seeds: every run once per seed")
     ap.add_argument("--methods", default=",".join(TABLE_METHODS),
                     help=f"table rows: methods, the ablation rows {', '.join(VARIANTS)} or the attacks' positive "
                          f"control {', '.join(CONTROLS)}")
-    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE", help="run-config overrides for every run")
-    ap.add_argument("--runs", default="runs/pfdm-experiment", help="folder of the runs' own folders")
-    ap.add_argument("--out", default="docs/results", help="folder for pfdm[_<dataset>].json, its grids and plots")
     ap.add_argument("--backend", choices=BACKENDS, default="inprocess",
                     help="inprocess: fedapp.simulation.simulate_in_process (no Ray start-up); ray: fedapp.simulate")
     return ap
