@@ -30,8 +30,8 @@ the nodes that lack it (the default `espresso.ship-prior=auto`: by digest, the w
 each run starts as a fresh machine would, without received priors (`shipped-*` folders are removed from
 the prior cache first; `--keep-received` keeps them), and the table gives the bytes each phase sent down.
 
-    python benchmarks/scale.py [--methods fedavg feddifrc espresso] [--clients 10 100 1000] [--nodes 1 2]
-                               [--rounds 3] [--per-round 10] [--timeout 900]
+    python benchmarks/scale.py [--methods fedavg feddifrc espresso espresso-sampled-eval] [--clients 10 100 1000]
+                               [--nodes 1 2] [--rounds 3] [--per-round 10] [--timeout 900]
 """
 
 from __future__ import annotations
@@ -64,6 +64,8 @@ METHODS = {
                  "espresso.ratio": 0.5, "espresso.mixup-pairs": 4, "espresso.diffusions-per-latent": 1,
                  "espresso.embed-batch": 8, "espresso.zigzag-t": 300, "server-epochs": 1},
 }
+# Espresso's evaluate phase on 10 clients (espresso.evaluate-clients), as a round of FedAvg trains 10, whatever N
+METHODS["espresso-sampled-eval"] = {**METHODS["espresso"], "espresso.evaluate-clients": 10}
 ROUND_BASED = {"fedavg", "fedavg-server-eval", "feddifrc"}
 
 

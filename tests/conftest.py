@@ -36,6 +36,20 @@ def reader_cache(tmp_path_factory):
         os.environ[CACHE_ENV] = old
 
 
+@pytest.fixture(autouse=True, scope="session")
+def shard_cache(tmp_path_factory):
+    """Clients keep their shards (fedapp.shard_cache) in this session's folder, never the user's cache."""
+    from fedapp.shard_cache import CACHE_ENV
+
+    old = os.environ.get(CACHE_ENV)
+    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("shards"))
+    yield os.environ[CACHE_ENV]
+    if old is None:
+        os.environ.pop(CACHE_ENV)
+    else:
+        os.environ[CACHE_ENV] = old
+
+
 @pytest.fixture
 def inside_a_run():
     """Flower stamps new messages with the running task's identity; unit tests have none."""

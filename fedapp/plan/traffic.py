@@ -4,6 +4,7 @@ what fedapp/plan/comm.py counts in bytes. One function per protocol family, as t
 
 from __future__ import annotations
 
+from fedapp.options import AUTO
 from fedapp.plan.comm import Comm, arrays
 from fedapp.plan.counts import espresso_options, evaluation_rounds, sampled
 from fedapp.plan.modules import state_bytes
@@ -30,10 +31,11 @@ def rounds(comm: Comm, cfg, facts, modules: dict) -> None:
     comm.exchange(EVALUATE, {"model": model}, {}, evaluation_rounds(cfg) * evaluate, config={ROUND_KEY: 0})
 
 
-def oneshot_evaluate(comm: Comm, cfg, modules: dict, config: dict | None = None) -> None:
+def oneshot_evaluate(comm: Comm, cfg, modules: dict, config: dict | None = None, share: float = 1.0) -> None:
+    """The classifier down to `share` of the clients (Espresso's espresso.evaluate-clients: a sample)."""
     from fedapp.protocols import EVALUATE
 
-    comm.exchange(EVALUATE, {"model": state_bytes(modules["classifier"])}, {}, 1, config=config)
+    comm.exchange(EVALUATE, {"model": state_bytes(modules["classifier"])}, {}, share, config=config)
 
 
 def espresso_upload_bytes(opts, arch, counts: list[int]) -> int:
@@ -74,7 +76,8 @@ def espresso(comm: Comm, cfg, facts, modules: dict, arch) -> None:
         comm.conditional["prior weights, to each node lacking the built-in prior"] = shipped_prior_bytes(cfg)
     uploads = [espresso_upload_bytes(opts, arch, c) for c in facts.class_counts]
     comm.exchange(P.TRAIN, digest, {}, 1, config=pinned, up_by_client=uploads)
-    oneshot_evaluate(comm, cfg, modules, pinned)
+    n, asked = facts.num_clients, opts.evaluate_clients
+    oneshot_evaluate(comm, cfg, modules, pinned, share=1.0 if asked == AUTO else min(asked, n) / n)
 
 
 def shipped_prior_bytes(cfg) -> int:

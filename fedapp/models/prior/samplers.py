@@ -61,7 +61,8 @@ ZIGZAG_CONVENTIONS = ("paper", "official")
 class SamplerSettings:
     """How Prior.sample turns z_T into images: the loop (`sampler`: ddim | zigzag), its `num_steps` timesteps of
     `spacing` (SPACINGS), the guidance gamma1 of every denoising step, and Z-sampling's T_z (`zigzag_t`), inversion
-    guidance `gamma2` and convention (`zigzag`: ZIGZAG_CONVENTIONS). Espresso builds it once from its options
+    guidance `gamma2` and convention (`zigzag`: ZIGZAG_CONVENTIONS), and the `precision` of its UNet calls
+    (fedapp.models.precision.PRECISIONS). Espresso builds it once from its options
     (EspressoOptions.sampler_settings)."""
 
     sampler: str = "ddim"
@@ -71,6 +72,7 @@ class SamplerSettings:
     zigzag_t: int = DEFAULT_ZIGZAG_T
     gamma2: float = DEFAULT_GAMMA2
     zigzag: str = "paper"
+    precision: str = "fp32"
 
 
 def leading_timesteps(num_steps: int, num_train_timesteps: int = 1000, steps_offset: int = 0) -> torch.Tensor:
