@@ -21,6 +21,8 @@ and return tensors; only `handle_train` knows Flower.
 
 from __future__ import annotations
 
+import functools
+
 import logging
 from typing import Protocol
 
@@ -108,7 +110,7 @@ class ConditionLearner(Protocol):
 
 
 def learn_conditions(prior, z0: torch.Tensor, owner: torch.Tensor, init: torch.Tensor, *, steps: int,
-                     lr: float, batch: int, seed: int) -> torch.Tensor:
+                     lr: float, batch: int, seed: int, chunk: int = 0) -> torch.Tensor:
     """Optimise every condition c^j_{k,y} (E, L, D) on Eq. (8) with the prior frozen, all at once.
 
     Each step draws min(batch, |D^j|) images of every cluster (each with its own t and eps) and runs
@@ -116,7 +118,11 @@ def learn_conditions(prior, z0: torch.Tensor, owner: torch.Tensor, init: torch.T
     is sum_j mean_{rows of j} ||.||^2, so c^j's gradient is exactly that of its own cluster's loss, and
     one Adam over the stacked (E, L, D) tensor is E independent Adams (Adam is per coordinate): the
     result equals the per-condition loop (experiments/espresso_condition_learners.py:
-    learn_conditions_loop, one condition at a time), at a fraction of the UNet calls."""
+    learn_conditions_loop, one condition at a time), at a fraction of the UNet calls.
+
+    chunk > 0 runs a step's rows through the UNet `chunk` at a time, each chunk's backward adding to the
+    gradient before the one Adam step: the same gradient (rows are independent through the UNet; only the
+    summation order differs) at a chunk's activation memory instead of the whole step's."""
     device = prior.device
     c = init.detach().clone().to(device, prior.dtype).requires_grad_(True)
     if steps <= 0:
@@ -130,10 +136,10 @@ def learn_conditions(prior, z0: torch.Tensor, owner: torch.Tensor, init: torch.T
         row_cond = torch.cat([torch.full((len(d[0]),), e) for e, d in enumerate(draws)]).to(device)
         weight = 1.0 / torch.cat([torch.full((len(d[0]),), float(len(d[0]))) for d in draws]).to(device, prior.dtype)
         idx, t, eps = (torch.cat(parts).to(device) for parts in zip(*draws))
-        rows = prior.loss(z0[idx], c[row_cond], t, eps.to(prior.dtype), reduction="none")
-        loss = (rows * weight).sum()  # sum over conditions of each one's mean loss
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        for part in torch.arange(len(idx), device=device).split(chunk if chunk > 0 else len(idx)):
+            rows = prior.loss(z0[idx[part]], c[row_cond[part]], t[part], eps[part].to(prior.dtype), reduction="none")
+            (rows * weight[part]).sum().backward()  # the step's loss: sum over conditions of each one's mean
         opt.step()
     return c.detach().cpu()
 
@@ -188,12 +194,13 @@ def class_features(prior, x: torch.Tensor, spec: str, extractor=None) -> torch.T
 
 def espresso_upload(prior, x: torch.Tensor, y: torch.Tensor, *, num_classes: int, prompts: list[str],
                     opts: P.EspressoOptions, seed: int, extractor=None,
-                    learner: ConditionLearner = learn_conditions) -> dict[str, torch.Tensor]:
+                    learner: ConditionLearner | None = None) -> dict[str, torch.Tensor]:
     """Everything client k uploads, from its training images x (N, 3, H, W) in [-1, 1] and labels y.
 
     opts carries the espresso.* switches (conditions, clusters, embed_*, init, gmm_components,
     mixup_*, diffusions_per_latent, steps, features); `learner` learns the conditions (production's
-    `learn_conditions`; a research one is passed in: experiments/espresso_condition_learners.py).
+    `learn_conditions` at `condition-chunk` rows a UNet call; a research one is passed in:
+    experiments/espresso_condition_learners.py).
     Keys (P.ARRAY_NAMES): class_counts (K,); with learned conditions embeddings (E, L, D),
     embedding_class (E,), cluster_sizes (E,); with init=gmm gmm_class (G,), gmm_weights (G, M),
     gmm_means (G, M, dim), gmm_variances (G, M, dim)."""
@@ -209,8 +216,9 @@ def espresso_upload(prior, x: torch.Tensor, y: torch.Tensor, *, num_classes: int
         clusters = opts.clusters if opts.conditions == "cluster" else 1
         owner, cond_class = assign_conditions(y, feats, classes, clusters)
         init = prior.encode_prompts([prompts[c] for c in cond_class.tolist()]).float().cpu()
-        out[P.EMBEDDINGS] = learner(prior, z0, owner, init, steps=opts.embed_steps, lr=opts.embed_lr,
-                                    batch=opts.embed_batch, seed=seed + 1)
+        learn = learner or functools.partial(learn_conditions, chunk=opts.condition_chunk)
+        out[P.EMBEDDINGS] = learn(prior, z0, owner, init, steps=opts.embed_steps, lr=opts.embed_lr,
+                                  batch=opts.embed_batch, seed=seed + 1)
         out[P.EMBEDDING_CLASS] = cond_class
         out[P.CLUSTER_SIZES] = torch.bincount(owner, minlength=len(cond_class))
     if opts.init == "gmm":

@@ -134,6 +134,31 @@ def test_batched_condition_learning_equals_the_per_condition_loop(prior):
     assert not torch.allclose(client.learn_conditions(prior, z0, owner, init, **{**kw, "seed": 8}), batched)
 
 
+def test_condition_learning_in_chunks_keeps_the_gradient_at_a_chunks_rows(prior, monkeypatch):
+    """condition-chunk: a step's rows go through the UNet a chunk at a time, and the conditions learned are
+    those of the one-call step (the summed gradient is the same); the upload reads the key."""
+    g = torch.Generator().manual_seed(1)
+    z0 = torch.randn(9, *prior.latent_shape, generator=g)
+    owner = torch.tensor([0, 0, 0, 0, 1, 2, 2, 2, 2])
+    init = prior.encode_prompts(["a digit", "a photo of the digit one", "a sketch of the digit three"])
+    kw = {"steps": 4, "lr": 0.05, "batch": 3, "seed": 7}  # 3 + 1 + 3 = 7 rows a step
+    whole = client.learn_conditions(prior, z0, owner, init, **kw)
+    calls = []
+    real_loss = prior.loss
+    monkeypatch.setattr(prior, "loss", lambda z, *a, **k: calls.append(len(z)) or real_loss(z, *a, **k))
+    chunked = client.learn_conditions(prior, z0, owner, init, **kw, chunk=3)
+    assert calls == [3, 3, 1] * 4
+    assert (whole - init).abs().max() > 0.05
+    torch.testing.assert_close(chunked, whole, atol=1e-5, rtol=1e-4)
+    calls.clear()
+    x = torch.rand(9, 3, prior.image_size, prior.image_size) * 2 - 1
+    opts = _opts(**{"espresso.conditions": "class", "espresso.init": "gaussian", "espresso.embed-steps": 2,
+                    "espresso.embed-batch": 4, "espresso.condition-chunk": 2})
+    client.espresso_upload(prior, x, torch.tensor([0] * 5 + [1] * 4), num_classes=10, prompts=["a digit"] * 10,
+                           opts=opts, seed=0)
+    assert calls == [2, 2, 2, 2] * 2  # two conditions of 4 rows a step, 2 rows a call
+
+
 @pytest.mark.parametrize("spacing,first", [("trailing", 999), ("leading", 6 * (1000 // 7))])
 def test_gmm_is_fitted_at_the_samplers_first_level(prior, shard, monkeypatch, spacing, first):
     """The client's GMM of z^T lives at the level the server's sampler starts from."""

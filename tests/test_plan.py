@@ -53,6 +53,11 @@ def test_espresso_counts_are_the_codes_formulas(prior_dir):
     learning = _terms(plan, "client: condition learning")
     assert [(t["rows"], t["calls"]) for t in learning] == [(2 * 10, 2 * o.embed_steps)]
     assert plan["figures"]["conditions per client"] == [20, 20]
+    # condition-chunk: the same rows a step in calls of at most 8 (8 + 8 + 4), and the memory at 8 rows
+    chunked = make_plan({**ESPRESSO, "prior": prior_dir, "espresso.condition-chunk": 8}, 2, bench=False)
+    assert sorted((t["rows"], t["calls"]) for t in _terms(chunked, "client: condition learning")) == [
+        (4, 2 * o.embed_steps), (8, 2 * 2 * o.embed_steps)]
+    assert chunked["prior"]["unet_memory"]["train_rows"] == 8 and plan["prior"]["unet_memory"]["train_rows"] == 20
     server = _terms(plan, "server classifier")
     assert sum(t["calls"] for t in server) == cfg.server_epochs * math.ceil(images / 64)
 

@@ -111,6 +111,9 @@ class EspressoOptions:
     embed_lr: float = opt(0.05, low=0.0, low_open=True, help="Adam learning rate of condition learning")
     embed_batch: int = opt(1, low=1, help="images per condition per step (a cluster's images when fewer); all "
                                           "conditions' rows go through the UNet in one batched call")
+    condition_chunk: int = opt(0, low=0, help="rows of a condition-learning step per UNet call, their gradients "
+                                              "summed before the step (the same gradient at a chunk's memory); "
+                                              "0: every row in one call")
     mixup_pairs: int = opt(64, low=1, help="MixUp'd latents per class for the GMM")
     mixup_alpha: float = opt(1.0, low=0.0, low_open=True, help="MixUp lambda ~ Beta(alpha, alpha)")
     diffusions_per_latent: int = opt(4, low=1, help="forward diffusions (fresh eps) of each MixUp'd latent")
