@@ -183,7 +183,8 @@ def espresso_client(led: Ledger, cfg, opts, arch, k: int, counts: list[int]) -> 
     _, rows = condition_rows(counts, opts)
     chunk = opts.condition_chunk if 0 < opts.condition_chunk < rows else max(rows, 1)  # rows per UNet call
     for part_rows, calls in ((chunk, rows // chunk), (rows % chunk, 1)):
-        led.add("client: condition learning (Eq. 8)", "prior.unet", "grad-input", part_rows, opts.embed_steps * calls, k)
+        led.add("client: condition learning (Eq. 8)", "prior.unet", "grad-input", part_rows,
+                opts.embed_steps * calls, k)
     if opts.init == "gmm":
         led.modules["gmm"] = {"kind": "gmm", "dim": arch.latent_dim, "components": opts.gmm_components}
         fits = sum(1 for c in counts if c > 0)
