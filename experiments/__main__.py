@@ -6,7 +6,7 @@ import sys
 
 import experiments as pkg
 
-NOT_EXPERIMENTS = ("common", "cli", "espresso_condition_learners")  # modules others import, no main
+NOT_EXPERIMENTS = ("common", "cli", "espresso_condition_learners", "audit_targets")  # modules others import, no main
 
 
 def available() -> list[str]:

@@ -36,9 +36,10 @@ import statistics
 from pathlib import Path
 from typing import Any
 
-from experiments.common import (accuracy_curve, check_configs, check_cpu_budget, classification_verdict,
-                                config_errors_exit, paired_difference, paired_text, parse_set, prog, quiet_logs,
-                                run, subset_of, write_block)
+from experiments.cli import common_args, pin_threads
+from experiments.common import (accuracy_curve, check_configs, classification_verdict, config_errors_exit,
+                                paired_difference, paired_text, parse_set, prog, quiet_logs, run, subset_of,
+                                write_block)
 from fedapp.results import atomic_write_json
 
 # name -> run-config keys; the partition, seed and the setting's budgets come from SETTINGS
@@ -106,7 +107,8 @@ def cell_config(a: argparse.Namespace, entry: str, seed: int) -> dict[str, Any]:
     """One cell's run config: the setting's partition and seed, the entry's method at its budget."""
     setting = SETTINGS[a.partitioner]
     flat = {"dataset": a.dataset, **setting["data"], "seed": seed, "min-clients": setting["clients"],
-            "device": "cpu", "out-dir": a.runs, "run-name": f"{slug(entry)}-s{seed}", **ENTRIES[entry]}
+            "device": "cpu", "out-dir": a.runs, "run-name": f"{slug(entry)}-s{seed}", **ENTRIES[entry],
+            "log.uploads": True}  # what each client sent, for the privacy audit (no figure depends on it)
     if a.partitioner == "dirichlet":
         flat["partitioner.alpha"] = a.alpha
     if round_based(flat["method"]):
@@ -130,10 +132,13 @@ def slug(entry: str) -> str:
     return "".join(c if c.isalnum() else "-" for c in entry.lower()).strip("-").replace("--", "-")
 
 
+NOT_DIGESTED = ("out-dir", "log.uploads")  # keys that move no figure: a cell run with or without them is the same
+
+
 def cell_file(cells: Path, flat: dict[str, Any]) -> Path:
     from fedapp.models.cache import facts_digest
 
-    digest = facts_digest({k: v for k, v in flat.items() if k != "out-dir"})
+    digest = facts_digest({k: v for k, v in flat.items() if k not in NOT_DIGESTED})
     return cells / f"{flat['run-name']}-{digest}.json"
 
 
@@ -245,7 +250,9 @@ def warm_priors(configs: list[dict[str, Any]]) -> None:
 
 
 KEYS = ("accuracy", "client_accuracy_mean", "client_accuracy_std", "up_bytes_per_client", "down_bytes_per_client",
-        "prior_bytes_per_client", "rounds", "client_seconds_per_client", "server_seconds", "wall_seconds")
+        "prior_bytes_per_client", "rounds", "client_seconds_per_client", "server_seconds", "wall_seconds",
+        "attack_auc")
+AUC = "attack_auc"  # the privacy audit's strongest membership attack on the cell (experiments/privacy_audit.py)
 
 
 def summarise(cells: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
@@ -285,9 +292,9 @@ def std_of(row: dict[str, Any], key: str) -> float:
 
 
 def fronts(summary: dict[str, dict[str, Any]]) -> dict[str, list[str]]:
-    """The Pareto front against upload bytes and against wall time (entries with both figures)."""
+    """The Pareto front against upload bytes, wall time and the attack AUC (entries with both figures)."""
     out = {}
-    for key in ("up_bytes_per_client", "wall_seconds"):
+    for key in ("up_bytes_per_client", "wall_seconds", AUC):
         pts = {n: (mean_of(r, key), mean_of(r, "accuracy")) for n, r in summary.items()
                if mean_of(r, key) is not None and n not in ORACLES}
         out[key] = pareto_front(pts)
@@ -319,11 +326,12 @@ def seconds(row: dict[str, Any], key: str) -> str:
 def table_text(summary: dict[str, dict[str, Any]], front: dict[str, list[str]]) -> str:
     head = ("| entry | seeds | accuracy % | − FedAvg, same seeds | clients' accuracy % (spread over clients) | "
             "up / client | down / client | prior, once / client | rounds | client s / client | server s | wall s | "
-            "converged |")
+            "converged | attack AUC |")
     lines = [head, "|" + "---|" * head.count(" | ") + "---|"]
     for n, r in summary.items():
         mark = " ◆" if n in front.get("up_bytes_per_client", []) else ""
         mark += " ⧗" if n in front.get("wall_seconds", []) else ""
+        mark += " ◎" if n in front.get(AUC, []) else ""
         spread = f" (± {r['client_accuracy_std']['mean']:.1f})" if r.get("client_accuracy_std") else ""
         lines.append(
             f"| {n}{mark} | {len(r['seeds'])} | {pm(r, 'accuracy')} | {paired_text(r.get('vs_baseline'))} | "
@@ -332,9 +340,10 @@ def table_text(summary: dict[str, dict[str, Any]], front: dict[str, list[str]]) 
             f"{human_bytes(mean_of(r, 'prior_bytes_per_client'))} | {mean_of(r, 'rounds') or 0:.0f} | "
             f"{seconds(r, 'client_seconds_per_client')} | {seconds(r, 'server_seconds')} | "
             f"{seconds(r, 'wall_seconds')} | "
-            f"{r['converged'] or '—'} |")
+            f"{r['converged'] or '—'} | {pm(r, AUC, 3) if r.get(AUC) else '—'} |")
     lines.append("")
-    lines.append("◆ on the Pareto front of accuracy against upload bytes; ⧗ against wall time.")
+    lines.append("◆ on the Pareto front of accuracy against upload bytes; ⧗ against wall time; ◎ against the attack "
+                 "AUC (the privacy audit's strongest membership attack, docs/privacy.md; — not audited).")
     return "\n".join(lines)
 
 
@@ -344,26 +353,13 @@ def plot(summary: dict[str, dict[str, Any]], front: dict[str, list[str]], path: 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.6))
-    for ax, key, label in ((axes[0], "up_bytes_per_client", "bytes uploaded per client (log)"),
-                           (axes[1], "wall_seconds", "wall time, s (log)")):
-        names = [n for n, r in summary.items() if mean_of(r, key) and n not in ORACLES]
-        for n in names:
-            r = summary[n]
-            ax.errorbar(mean_of(r, key), mean_of(r, "accuracy"), xerr=std_of(r, key), yerr=std_of(r, "accuracy"),
-                        fmt="o", capsize=3, label=n, mfc="none" if n not in front[key] else None)
-            ax.annotate(n, (mean_of(r, key), mean_of(r, "accuracy")), textcoords="offset points", xytext=(4, 4),
-                        fontsize=7)
-        on = [n for n in front[key] if n in names]
-        ax.step([mean_of(summary[n], key) for n in on], [mean_of(summary[n], "accuracy") for n in on],
-                where="post", color="k", lw=1, ls="--", label="Pareto front")
-        for n in (n for n in ORACLES if n in summary):
-            ax.axhline(mean_of(summary[n], "accuracy"), color="grey", ls=":", lw=1, label=f"{n} (oracle)")
-        if names:  # an oracle-only table has no point to put on a log axis
-            ax.set_xscale("log")
-        ax.set_xlabel(label)
-        ax.set_ylabel("global test accuracy, %")
-        ax.grid(alpha=0.3)
+    panels = [("up_bytes_per_client", "bytes uploaded per client (log)", True),
+              ("wall_seconds", "wall time, s (log)", True)]
+    if any(r.get(AUC) for r in summary.values()):  # audited cells: accuracy against what an attacker learns
+        panels.append((AUC, "membership attack AUC, strongest attack (0.5: chance)", False))
+    fig, axes = plt.subplots(1, len(panels), figsize=(6 * len(panels), 4.6))
+    for ax, (key, label, log) in zip(axes, panels):
+        accuracy_panel(ax, summary, front, key, label, log)
     axes[0].legend(fontsize=7, loc="lower right")
     fig.suptitle(f"{title}: mean ± std over seeds; filled: on the Pareto front")
     fig.tight_layout()
@@ -372,6 +368,30 @@ def plot(summary: dict[str, dict[str, Any]], front: dict[str, list[str]], path: 
     fig.savefig(tmp, dpi=110)
     plt.close(fig)
     tmp.replace(path)
+
+
+def accuracy_panel(ax: Any, summary: dict[str, dict[str, Any]], front: dict[str, list[str]], key: str, label: str,
+                   log: bool) -> None:
+    """Accuracy against one cost (`key`, lower is better) on `ax`: mean ± std over seeds, the entries on its Pareto
+    front filled and joined, the oracle as a reference line."""
+    names = [n for n, r in summary.items() if n not in ORACLES and mean_of(r, key) is not None
+             and (mean_of(r, key) > 0 or not log)]
+    for n in names:
+        r = summary[n]
+        ax.errorbar(mean_of(r, key), mean_of(r, "accuracy"), xerr=std_of(r, key), yerr=std_of(r, "accuracy"),
+                    fmt="o", capsize=3, label=n, mfc="none" if n not in front.get(key, []) else None)
+        ax.annotate(n, (mean_of(r, key), mean_of(r, "accuracy")), textcoords="offset points", xytext=(4, 4),
+                    fontsize=7)
+    on = [n for n in front.get(key, []) if n in names]
+    ax.step([mean_of(summary[n], key) for n in on], [mean_of(summary[n], "accuracy") for n in on],
+            where="post", color="k", lw=1, ls="--", label="Pareto front")
+    for n in (n for n in ORACLES if n in summary):
+        ax.axhline(mean_of(summary[n], "accuracy"), color="grey", ls=":", lw=1, label=f"{n} (oracle)")
+    if names and log:  # an oracle-only table has no point to put on a log axis
+        ax.set_xscale("log")
+    ax.set_xlabel(label)
+    ax.set_ylabel("global test accuracy, %")
+    ax.grid(alpha=0.3)
 
 
 def shown_options(argv: list[str]) -> list[str]:
@@ -392,20 +412,19 @@ def shown_options(argv: list[str]) -> list[str]:
 
 
 def parser() -> argparse.ArgumentParser:
+    shared = common_args(dataset="mnist-styles", seeds="0,1,2", set=[], out="docs/results/leaderboard",
+                         runs="runs/leaderboard", threads=1, helps={"set": "run-config overrides for every cell"})
     p = argparse.ArgumentParser(prog=prog("leaderboard"), description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--dataset", default="mnist-styles")
+                                formatter_class=argparse.RawDescriptionHelpFormatter, parents=[shared])
     p.add_argument("--partitioner", default="domain", choices=sorted(SETTINGS))
     p.add_argument("--alpha", type=float, default=0.1, help="the Dirichlet concentration (--partitioner dirichlet)")
-    p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--entries", default=",".join(ENTRIES),
                    help=f"the entries whose cells to run, a subset of {','.join(ENTRIES)}; the table shows every "
                         "entry with cells on disk at --seeds")
-    p.add_argument("--set", nargs="*", default=[], help="run-config overrides for every cell")
-    p.add_argument("--out", default="docs/results/leaderboard")
     p.add_argument("--doc", default="docs/leaderboard.md", help="the page the setting's table is written into")
-    p.add_argument("--runs", default="runs/leaderboard", help="folder of the runs' own folders")
-    p.add_argument("--threads", type=int, default=1, help="torch threads")
+    p.add_argument("--audit", default="docs/results/privacy_audit",
+                   help="folder of the privacy audit's results: its strongest attack AUC per cell fills the table's "
+                        "privacy column (python -m experiments privacy-audit --scale leaderboard)")
     p.add_argument("--no-run", action="store_true",
                    help="run no cell: write the table, plot and page from the cells already on disk")
     p.add_argument("--refigure", action="store_true",
@@ -415,7 +434,7 @@ def parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str]) -> None:
     a = parser().parse_args(argv)
-    check_cpu_budget(1, a.threads)
+    pin_threads(a.threads)
     with config_errors_exit():
         entries = subset_of("entries", a.entries, ENTRIES)
         seeds = parse_seeds(a.seeds)
@@ -425,9 +444,6 @@ def main(argv: list[str]) -> None:
         configs = {(e, s): table[e, s] for s in seeds for e in entries}
     clients = SETTINGS[a.partitioner]["clients"]
     check_configs(list(configs.values()), clients)
-    import torch
-
-    torch.set_num_threads(a.threads)
     quiet_logs()
     setting, out = setting_name(a), Path(a.out)
     cells_dir = out / "cells"
@@ -465,6 +481,23 @@ def main(argv: list[str]) -> None:
     print(text if text is not None else publish(), flush=True)
 
 
+def with_attack_auc(cells: dict[str, dict[str, dict[str, Any]]], audit: Path) -> dict[str, dict[str, dict[str, Any]]]:
+    """The cells' figures with the privacy audit's strongest attack AUC (AUC) of the same entry and seed, where the
+    audit of this setting (`python -m experiments privacy-audit --scale leaderboard`) has one."""
+    if not audit.is_file():
+        return cells
+    from experiments.privacy_audit import strongest
+
+    kept = json.loads(audit.read_text())["cells"]
+    out = {}
+    for entry, by_seed in cells.items():
+        out[entry] = {}
+        for seed, figs in by_seed.items():
+            best = strongest(kept.get(entry, {}).get(seed, {}))
+            out[entry][seed] = {**figs, AUC: best["auc"]} if best else figs
+    return out
+
+
 def write_outputs(a: argparse.Namespace, argv: list[str], configs: dict[tuple[str, int], dict[str, Any]],
                   cells_dir: Path, failed: dict[str, str]) -> str:
     """The setting's JSON, plot and page block from the cells of `configs` on disk, in ENTRIES' order (a cell
@@ -476,7 +509,8 @@ def write_outputs(a: argparse.Namespace, argv: list[str], configs: dict[tuple[st
         if cell_file(cells_dir, flat).is_file():
             cells.setdefault(entry, {})[str(seed)] = json.loads(cell_file(cells_dir, flat).read_text())["figures"]
     shown = list(cells)
-    summary = summarise(cells)
+    audited = with_attack_auc(cells, Path(a.audit) / f"audit_{setting}-leaderboard.json")
+    summary = summarise(audited)
     front = fronts(summary)
     text = table_text(summary, front)
     seeds = list(dict.fromkeys(s for _, s in configs))

@@ -7,7 +7,6 @@
 - KID on the same features (torchmetrics' KernelInceptionDistance): unbiased at small n, where the
   Frechet distance's covariance fit is rank-deficient and its bias dominates;
 - composition accuracy: both attributes of a sample read back as requested;
-- membership-inference figures: ROC AUC, best attack accuracy, TPR at 1% FPR;
 - intra-class diversity: mean pairwise feature distance within each class, and its ratio synthetic /
   real (what a sampler that sharpens class evidence, such as Z-sampling, may trade away).
 """
@@ -131,22 +130,6 @@ def composition_accuracy(pred_a: torch.Tensor, pred_b: torch.Tensor,
     """Share of samples whose two attributes both read back as requested."""
     ok = (pred_a == want_a) & (pred_b == want_b)
     return ok.float().mean().item() if len(ok) else float("nan")
-
-
-def mia_figures(member_scores: np.ndarray, nonmember_scores: np.ndarray) -> dict[str, float]:
-    """Loss-threshold membership inference: a *higher* score means "member".
-
-    Returns ROC AUC, the best balanced attack accuracy over thresholds, and TPR at 1% FPR.
-    """
-    from sklearn.metrics import roc_auc_score, roc_curve
-
-    s = np.concatenate([member_scores, nonmember_scores])
-    lab = np.concatenate([np.ones(len(member_scores)), np.zeros(len(nonmember_scores))])
-    auc = roc_auc_score(lab, s)
-    fpr, tpr, _ = roc_curve(lab, s)
-    acc = float(np.max(0.5 * (tpr + 1 - fpr)))
-    tpr_at = float(np.interp(0.01, fpr, tpr))
-    return {"mia_auc": float(auc), "mia_attack_accuracy": acc, "mia_tpr_at_1fpr": tpr_at}
 
 
 def weighted_client_accuracy(acc: dict[int, dict[str, Any]]) -> dict[str, Any]:

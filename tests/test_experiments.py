@@ -36,7 +36,7 @@ def workdir(tmp_path):
 def test_every_experiment_is_listed():
     assert available() == ["dcfm", "dcfm-budget", "dcfm-toy", "espresso-ablation", "espresso-conditions", "feddifrc",
                            "feddifrc-budget", "feddifrc-signal", "leaderboard", "pfdm", "pfdm-budget", "pfdm-handover",
-                           "recipe", "vae-round-trip"]
+                           "privacy-audit", "recipe", "vae-round-trip"]
 
 
 @pytest.mark.parametrize("name", available())
