@@ -278,7 +278,7 @@ def test_fraction_train_is_refused_where_no_client_sampling_exists(tmp_path):
         check_fraction_train(parse_run_config({"method": "espresso", "fraction-train": 0.5}))
     with pytest.raises(ConfigError, match="fraction-evaluate=0.5: method='pfdm' evaluates every client"):
         check_fraction_train(parse_run_config({"method": "pfdm", "fraction-evaluate": 0.5}))
-    with pytest.raises(ConfigError, match="fraction-train=0.0: must be > 0"):
+    with pytest.raises(ConfigError, match=r"fraction-train=0.0: must be in \(0, 1\]"):
         parse_run_config({"fraction-train": 0.0})
 
 
