@@ -92,3 +92,15 @@ def test_auto_is_bf16_only_on_a_cpu_that_lists_native_bfloat16(tmp_path, monkeyp
     monkeypatch.setattr(precision, "cpu_has_native_bf16", lambda: native)
     assert precision.resolve("auto", "cpu") == ("bf16" if native else "fp32")
     assert precision.resolve("auto", "cuda") == "fp32" and precision.resolve("bf16", "cuda") == "bf16"
+
+
+def test_the_accuracy_benchmark_pairs_seeds_and_counts_where_bf16_is_lower():
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    from precision_accuracy import paired
+
+    got = paired({"0": {"fp32": 0.80, "bf16": 0.78}, "1": {"fp32": 0.70, "bf16": 0.71}, "2": {"fp32": 0.5}})
+    assert got["seeds"] == ["0", "1"] and got["bf16_lower"] == 1  # seed 2 has no pair
+    assert abs(got["mean_points"] - (-0.5)) < 1e-9 and abs(got["std_points"] - 2.1213203) < 1e-6
