@@ -40,7 +40,7 @@ from experiments.cli import common_args, pin_threads
 from experiments.common import (accuracy_curve, check_configs, classification_verdict, config_errors_exit,
                                 paired_difference, paired_text, parse_set, prog, quiet_logs, run, subset_of,
                                 write_block)
-from fedapp.results import atomic_write_json
+from fedapp.results import atomic_write_json, save_png
 
 # name -> run-config keys; the partition, seed and the setting's budgets come from SETTINGS
 ENTRIES = {
@@ -363,11 +363,7 @@ def plot(summary: dict[str, dict[str, Any]], front: dict[str, list[str]], path: 
     axes[0].legend(fontsize=7, loc="lower right")
     fig.suptitle(f"{title}: mean ± std over seeds; filled: on the Pareto front")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    save_png(fig, path)
 
 
 def accuracy_panel(ax: Any, summary: dict[str, dict[str, Any]], front: dict[str, list[str]], key: str, label: str,

@@ -34,7 +34,7 @@ from experiments import audit_targets as T
 from experiments import leaderboard as L
 from experiments.cli import common_args, pin_threads
 from experiments.common import config_errors_exit, prog, quiet_logs, run, subset_of, write_block
-from fedapp.results import atomic_write_json
+from fedapp.results import atomic_write_json, save_png
 
 # the tiny classification setting: leaderboard cells shrunk to minutes of one core a seed (digit-styles' 16 px
 # pixel prior, 8 images a class a client, 10 rounds, 1 synthetic image per real one)
@@ -340,11 +340,7 @@ def plot(board: dict[str, dict[str, Any]], front: dict[str, list[str]], cells: d
     plot_distances(cells, axes[1])
     fig.suptitle(f"{title}: mean ± std over seeds; filled: on the Pareto front")
     fig.tight_layout()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp.png")
-    fig.savefig(tmp, dpi=110)
-    plt.close(fig)
-    tmp.replace(path)
+    save_png(fig, path)
 
 
 # ---- the command --------------------------------------------------------------------------------------------

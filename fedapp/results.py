@@ -59,6 +59,21 @@ def atomic_write_bytes(path: Path, data: bytes) -> None:
         raise
 
 
+def save_png(fig: Any, path: Path, dpi: int = 110) -> Path:
+    """A matplotlib figure as a PNG at `path`, written atomically (its folder made), the figure closed."""
+    import io
+
+    import matplotlib.pyplot as plt
+
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    plt.close(fig)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_bytes(path, buf.getvalue())
+    return path
+
+
 def atomic_write_json(path: Path, obj: Any) -> None:
     atomic_write_bytes(path, (json.dumps(_jsonable(obj), indent=2) + "\n").encode())
 

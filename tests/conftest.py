@@ -22,18 +22,35 @@ def pytest_configure(config):
         torch.set_num_threads(1)
 
 
+def _env_folder(name: str, folder):
+    """Point the environment variable `name` at `folder` for the fixture's life, then restore it."""
+    old = os.environ.get(name)
+    os.environ[name] = str(folder)
+    yield os.environ[name]
+    if old is None:
+        os.environ.pop(name)
+    else:
+        os.environ[name] = old
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """torch at one thread for a module: on a shared 2-core machine two OpenMP threads per op contend badly
+    (10-50x slower backward)."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def reader_cache(tmp_path_factory):
     """Evaluation readers (fedapp.readers) cache into this session's folder, never the user's cache."""
     from fedapp.readers import CACHE_ENV
 
-    old = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("readers"))
-    yield os.environ[CACHE_ENV]
-    if old is None:
-        os.environ.pop(CACHE_ENV)
-    else:
-        os.environ[CACHE_ENV] = old
+    yield from _env_folder(CACHE_ENV, tmp_path_factory.mktemp("readers"))
 
 
 @pytest.fixture(autouse=True, scope="session")
@@ -41,13 +58,7 @@ def shard_cache(tmp_path_factory):
     """Clients keep their shards (fedapp.shard_cache) in this session's folder, never the user's cache."""
     from fedapp.shard_cache import CACHE_ENV
 
-    old = os.environ.get(CACHE_ENV)
-    os.environ[CACHE_ENV] = str(tmp_path_factory.mktemp("shards"))
-    yield os.environ[CACHE_ENV]
-    if old is None:
-        os.environ.pop(CACHE_ENV)
-    else:
-        os.environ[CACHE_ENV] = old
+    yield from _env_folder(CACHE_ENV, tmp_path_factory.mktemp("shards"))
 
 
 @pytest.fixture

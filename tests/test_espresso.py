@@ -29,16 +29,7 @@ FAST = {"espresso.embed-steps": 3, "espresso.steps": 3, "espresso.ratio": 1.0, "
         "espresso.diffusions-per-latent": 2, "espresso.embed-batch": 8, "server-epochs": 1}
 
 
-pytestmark = pytest.mark.usefixtures("inside_a_run")
-
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # on a shared 2-core machine, two OpenMP threads per op contend badly (10-50x slower backward)
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("inside_a_run", "one_thread")
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,6 @@ import json
 from pathlib import Path
 
 import pytest
-import torch
 
 from fedapp import registry
 from fedapp.config import parse_run_config
@@ -17,13 +16,7 @@ from fedapp.simulation import ReplyCache, simulate_in_process
 FAST = {"espresso.embed-steps": 2, "espresso.steps": 2, "espresso.ratio": 1.0, "espresso.mixup-pairs": 4,
         "espresso.diffusions-per-latent": 1, "espresso.embed-batch": 8, "server-epochs": 1}
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _strategy(tmp_path, **kw):

@@ -15,13 +15,7 @@ from strategies import espresso as server
 
 ZIGZAG = SamplerSettings(sampler="zigzag", num_steps=4, guidance=3.0, spacing="trailing", zigzag_t=600)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture
