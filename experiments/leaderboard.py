@@ -40,6 +40,7 @@ from experiments.cli import common_args, pin_threads
 from experiments.common import (accuracy_curve, check_configs, classification_verdict, config_errors_exit,
                                 paired_difference, paired_text, parse_set, prog, quiet_logs, run, subset_of,
                                 write_block)
+from fedapp.audit.membership import strongest
 from fedapp.results import atomic_write_json, save_png
 
 # name -> run-config keys; the partition, seed and the setting's budgets come from SETTINGS
@@ -482,8 +483,6 @@ def with_attack_auc(cells: dict[str, dict[str, dict[str, Any]]], audit: Path) ->
     audit of this setting (`python -m experiments privacy-audit --scale leaderboard`) has one."""
     if not audit.is_file():
         return cells
-    from experiments.privacy_audit import strongest
-
     kept = json.loads(audit.read_text())["cells"]
     out = {}
     for entry, by_seed in cells.items():

@@ -32,6 +32,7 @@ import numpy as np
 
 from experiments import audit_targets as T
 from experiments import leaderboard as L
+from fedapp.audit.membership import strongest
 from experiments.cli import common_args, pin_threads
 from experiments.common import config_errors_exit, prog, quiet_logs, run, subset_of, write_block
 from fedapp.results import atomic_write_json, save_png
@@ -209,17 +210,6 @@ def controls(view: T.RunView, settings: dict[str, Any], seed: int) -> dict[str, 
     fig = lambda s: figures_of({0: s}, seed, settings["resamples"])  # noqa: E731
     return {CONTROL_OVERFIT: {"attacks": {"upload/loss": fig(loss), "upload/lira": fig(lira)}},
             CONTROL_SAME: {"attacks": {"upload/loss": fig(same)}}}
-
-
-def strongest(cell: dict[str, Any]) -> dict[str, Any] | None:
-    """The attack with the highest AUC in a cell: the privacy column's figure (the weakest defence shown)."""
-    attacks = cell.get("attacks", {})
-    if not attacks:
-        return None
-    name = max(attacks, key=lambda k: attacks[k]["mia_auc"]["value"])
-    f = attacks[name]
-    return {"attack": name, "auc": f["mia_auc"]["value"], "low": f["mia_auc"]["low"], "high": f["mia_auc"]["high"],
-            "tpr": f["mia_tpr_at_1fpr"]["value"]}
 
 
 # ---- summaries, page and plot -----------------------------------------------------------------------------------

@@ -65,3 +65,15 @@ def bootstrap_figures(member_scores: np.ndarray, nonmember_scores: np.ndarray, *
                                "high": float(np.percentile(draws[k], 100 - tail))} for k, v in point.items()}
     out.update(members=len(member), nonmembers=len(nonmember), fpr_step=1.0 / len(nonmember))
     return out
+
+
+def strongest(cell: dict[str, Any]) -> dict[str, Any] | None:
+    """The attack with the highest AUC in an audit cell ({"attacks": {name: bootstrap_figures}}): the privacy
+    column's figure (the weakest defence shown), read by the audit and the leaderboard alike."""
+    attacks = cell.get("attacks", {})
+    if not attacks:
+        return None
+    name = max(attacks, key=lambda k: attacks[k]["mia_auc"]["value"])
+    f = attacks[name]
+    return {"attack": name, "auc": f["mia_auc"]["value"], "low": f["mia_auc"]["low"], "high": f["mia_auc"]["high"],
+            "tpr": f["mia_tpr_at_1fpr"]["value"]}
