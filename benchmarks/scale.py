@@ -11,7 +11,9 @@ and workers) with psutil every 0.5 s:
   imports, Ray's start, the server's data and the initial global evaluation;
 - s / round: the median of rounds 2.. ("round k/R done in X s"); round 1 also pays each actor's
   imports. For Espresso the one shot's phases: getting the prior to the nodes (ship-prior), the
-  clients' train phase, synthesis, server training, the evaluate phase;
+  clients' train phase, synthesis, server training, the evaluate phase; per client, the train phase over N
+  (its share of the phase on the actors) and the median of the seconds each client reports computing its
+  upload (client-seconds: its prior and shard already loaded);
 - peak RSS: of the whole process tree (sum over processes, at its highest sample), of each Ray node (a
   raylet and the workers it started: what that node's machine holds besides the driver and Ray's GCS,
   which sit on the head) and of the largest Ray actor (a `ray::ClientAppActor` worker);
@@ -107,9 +109,12 @@ def child(cfg: dict, clients: int, nodes: int) -> None:
     for phases in json.loads((Path(summary["run_dir"]) / "comm.json").read_text())["by_phase"].values():
         for mtype, b in phases.items():
             down[mtype] = down.get(mtype, 0) + b["down"]
+    handler = sorted((summary.get("metrics") or {}).get("client_seconds", {}).values())  # Espresso: each upload's
     print("SCALE-SUMMARY " + json.dumps({"status": summary["status"], "wall_seconds": summary["wall_seconds"],
                                          "phase_seconds": summary["phase_seconds"], "down_bytes": down,
-                                         "failures": len(summary["failures"])}), flush=True)
+                                         "failures": len(summary["failures"]),
+                                         "client_seconds_median": handler[len(handler) // 2] if handler else None}),
+          flush=True)
 
 
 # ---- the parent: launch, watch, measure ---------------------------------------------------------------
@@ -289,10 +294,12 @@ def print_table(rows: list[dict], args) -> None:
         else:
             p = r.get("phases", {})
             down = (r["summary"] or {}).get("down_bytes", {})
+            train = r["replies"].get("train", (0, 0, None))[2]
             note = (f"prior to the nodes {fmt(p.get('ship-prior'))} s "
                     f"({down.get('query.prior', 0) / 1e6:.1f} MB down), "
-                    f"train {fmt(r['replies'].get('train', (0, 0, None))[2])} s "
-                    f"({down.get('train', 0) / 1e6:.1f} MB down), "
+                    f"train {fmt(train)} s ({down.get('train', 0) / 1e6:.1f} MB down; a client "
+                    f"{fmt(train and train / r['clients'], '.3f')} s of the phase, computing its upload "
+                    f"{fmt((r['summary'] or {}).get('client_seconds_median'), '.3f')} s median), "
                     f"synthesis {fmt(p.get('synthesis'))} s, "
                     f"server training {fmt(p.get('classifier'))} s, "
                     f"evaluate {fmt(r['replies'].get('evaluate', (0, 0, None))[2])} s")

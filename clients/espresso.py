@@ -56,6 +56,12 @@ def cluster_class(features: torch.Tensor, clusters: int) -> np.ndarray:
     return AgglomerativeClustering(n_clusters=k, linkage="ward").fit_predict(f).astype(np.int64)
 
 
+def splits_a_class(counts: torch.Tensor, clusters: int) -> bool:
+    """Whether clustering into `clusters` per class splits any class (min(J, n_y) > 1): only then are the
+    features read. A client of one image per class (1,000 clients of digits) skips their UNet pass."""
+    return clusters > 1 and int(counts.max()) > 1
+
+
 def assign_conditions(y: torch.Tensor, features: torch.Tensor | None, classes: list[int],
                       clusters: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(owner (N,): index of each image's condition, condition_class (E,)): conditions are numbered
@@ -212,8 +218,8 @@ def espresso_upload(prior, x: torch.Tensor, y: torch.Tensor, *, num_classes: int
         return out
     z0 = prior.encode_images(x).float().cpu()  # E(x)
     if opts.conditions != "prompts":
-        feats = class_features(prior, x, opts.features, extractor) if opts.conditions == "cluster" else None
         clusters = opts.clusters if opts.conditions == "cluster" else 1
+        feats = class_features(prior, x, opts.features, extractor) if splits_a_class(counts, clusters) else None
         owner, cond_class = assign_conditions(y, feats, classes, clusters)
         init = prior.encode_prompts([prompts[c] for c in cond_class.tolist()]).float().cpu()
         learn = learner or functools.partial(learn_conditions, chunk=opts.condition_chunk)

@@ -174,8 +174,8 @@ class EspressoStrategy(OneShotStrategy):
                                waves=self.opts.ship_prior == "auto")
         for n in waves.refused:
             self.run.fail(n, P.PRIOR.name, "sent the shipped prior, still does not hold it")
-        log.info("[prior] %d of %d nodes hold it; weights sent to %d (%d rounds of questions)", len(waves.holders),
-                 len(nodes), len(waves.sent_to), waves.questions)
+        log.info("[prior] %d of %d nodes hold it; weights sent to %d (%d questions in %d rounds)", len(waves.holders),
+                 len(nodes), len(waves.sent_to), waves.asked, waves.questions)
         return sorted(waves.holders)
 
     def ships_prior(self) -> bool:

@@ -87,6 +87,24 @@ def test_conditions_partition_every_class_and_are_numbered_class_by_class():
     assert one.tolist() == [0, 2, 5]
 
 
+def test_features_are_read_only_where_a_class_splits_and_skipping_them_keeps_the_upload(prior, monkeypatch):
+    """One image per class leaves min(J, 1) = 1 cluster whatever the features: the client skips their UNet pass,
+    and its upload is bitwise the one computed with them read. A class of two images is split: they are read."""
+    x = torch.rand(3, 3, prior.image_size, prior.image_size, generator=torch.Generator().manual_seed(0)) * 2 - 1
+    kw = dict(num_classes=10, prompts=[f"digit {c}" for c in range(10)], opts=_opts(), seed=3)
+    calls, real = [], client.class_features
+    monkeypatch.setattr(client, "class_features", lambda *a, **k: calls.append(1) or real(*a, **k))
+    skipped = client.espresso_upload(prior, x, torch.tensor([0, 4, 7]), **kw)
+    assert calls == []
+    with monkeypatch.context() as m:  # the path that reads them whatever the classes
+        m.setattr(client, "splits_a_class", lambda counts, clusters: True)
+        read = client.espresso_upload(prior, x, torch.tensor([0, 4, 7]), **kw)
+    assert calls == [1] and skipped.keys() == read.keys()
+    assert all(torch.equal(skipped[k], read[k]) for k in read)
+    split = client.espresso_upload(prior, x, torch.tensor([0, 0, 7]), **kw)
+    assert calls == [1, 1] and split[protocol.EMBEDDING_CLASS].tolist() == [0, 0, 7]  # class 0: two clusters
+
+
 # ---- condition learning (Eq. 8) ------------------------------------------------------------------------
 def test_learned_condition_lowers_the_diffusion_loss_of_its_cluster(prior, shard):
     x = shard.train.x[shard.train.y == 3]

@@ -95,6 +95,86 @@ def test_metered_grid_counts_bytes_and_records_missing_replies(tmp_path):
     assert run.failures[0]["node_id"] == 2 and "no reply" in run.failures[0]["reason"]
 
 
+class _LinkState:
+    """Push and pull as Flower's in-memory grid offers them: a pushed message gets an id, and each pull hands in
+    the reply of the oldest answered message it asks for (the nodes in `silent` never answer). Records the most
+    messages it held at once and the nodes in the order their messages came."""
+
+    def __init__(self, nodes=range(50), silent=()):
+        self.nodes, self.silent, self.held, self.most, self.order = list(nodes), set(silent), {}, 0, []
+
+    def get_node_ids(self):
+        return self.nodes
+
+    def push_messages(self, messages):
+        ids = []
+        for m in messages:
+            ids.append(f"m{len(self.order)}")
+            m.metadata.__dict__["_message_id"] = ids[-1]
+            self.held[ids[-1]] = m
+            self.order.append(m.metadata.dst_node_id)
+        self.most = max(self.most, len(self.held))
+        return ids
+
+    def pull_messages(self, ids):
+        ready = [i for i in ids if i in self.held and self.held[i].metadata.dst_node_id not in self.silent][:1]
+        return [Message(RecordDict({"client": ConfigRecord({"partition-id": self.held[i].metadata.dst_node_id})}),
+                        reply_to=self.held.pop(i)) for i in ready]
+
+    def send_and_receive(self, messages, timeout=None):
+        raise AssertionError("a simulation's grid is sent a window at a time, never everything at once")
+
+
+def _queries(nodes):
+    return [Message(RecordDict({"c": ConfigRecord({"x": 1})}), dst_node_id=n, message_type="query") for n in nodes]
+
+
+def test_a_window_of_messages_awaits_replies_at_a_time_and_every_reply_comes_back():
+    from fedapp.server.grid import send_windowed
+
+    state = _LinkState()
+    replies = send_windowed(state, _queries(range(50)), window=4, poll=0)
+    assert state.order == list(range(50)) and state.most == 4  # the next message goes out as a reply comes in
+    assert sorted(r.content.config_records["client"]["partition-id"] for r in replies) == list(range(50))
+
+
+def test_a_silent_node_holds_one_place_of_the_window_until_the_timeout():
+    from fedapp.server.grid import send_windowed
+
+    state = _LinkState(range(6), silent={2})
+    replies = send_windowed(state, _queries(range(6)), window=2, timeout=0.3, poll=0.01)
+    assert sorted(r.content.config_records["client"]["partition-id"] for r in replies) == [0, 1, 3, 4, 5]
+
+
+def test_the_window_keeps_a_sweep_of_the_simulations_link_state_bounded_with_two_per_cpu_at_least(monkeypatch):
+    import ray
+
+    from fedapp.server.grid import SCAN_CHECKS, simulation_window
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    assert simulation_window(1000) == SCAN_CHECKS // 1000 and simulation_window(10) == SCAN_CHECKS // 10
+    assert simulation_window(100_000) == 4  # one message at work and one waiting for each of 2 actors
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 64.0})
+    assert simulation_window(1000) == 128
+
+
+def test_the_metered_grid_sends_a_simulation_a_window_at_a_time(tmp_path, monkeypatch):
+    from flwr.superlink.grid.inmemory_grid import InMemoryGrid
+
+    from fedapp.server import grid as grids
+
+    class SimulationGrid(_LinkState, InMemoryGrid):  # Flower's class, the fake's link state
+        pass
+
+    monkeypatch.setattr(grids, "simulation_window", lambda n: 3)
+    sim = SimulationGrid()
+    run = ServerRun(cfg=parse_run_config({"min-clients": 1}), out=RunDir(tmp_path / "r"))
+    replies = MeteredGrid(sim, run).send_and_receive(_queries(range(50)))
+    assert len(replies) == 50 and sim.most == 3 and run.failures == []
+    assert grids.in_simulation(sim) and not grids.in_simulation(_LinkState())
+
+
 def test_record_nbytes_counts_serialised_tensors_and_config_values():
     def size(n):
         return record_nbytes(RecordDict({"a": ArrayRecord({"w": torch.zeros(n)}),
