@@ -38,7 +38,6 @@ from flwr.app import ConfigRecord, Message, RecordDict
 
 from fedapp.data import for_classifier
 from fedapp.images import save_class_grid
-from fedapp.options import AUTO
 from fedapp.progress import Progress
 from fedapp.protocols import CLIENT_KEY, DOMAIN_KEY, METRICS_KEY
 from fedapp.protocols import espresso as P
@@ -245,13 +244,17 @@ class EspressoStrategy(OneShotStrategy):
 
     # ---- evaluation -----------------------------------------------------------------------------------
     def evaluation_nodes(self, nodes: list[int]) -> list[int]:
-        """The nodes the evaluate phase sends the classifier to (espresso.evaluate-clients): every node, or a
-        sample of that many drawn from the run seed (every node at 1,000 clients is 1.6 GB of classifiers down),
-        or none."""
-        n = self.opts.evaluate_clients
-        if n == AUTO or n >= len(nodes):  # type: ignore[operator]  # n is an int once not AUTO
+        """The nodes the evaluate phase sends the classifier to (espresso.evaluate-clients, P.evaluation_size):
+        every node, or a sample of that many drawn from the run seed (every node at 1,000 clients is 1.6 GB of
+        classifiers down), or none."""
+        n = P.evaluation_size(self.opts, len(nodes), self.run.cfg.min_clients)
+        if n >= len(nodes):
             return nodes
-        return sorted(random.Random(derive_seed(self.run.cfg.seed, "evaluate-clients")).sample(sorted(nodes), n))  # type: ignore[arg-type]  # noqa: E501
+        picked = sorted(random.Random(derive_seed(self.run.cfg.seed, "evaluate-clients")).sample(sorted(nodes), n))
+        log.info("evaluate phase: %d of %d clients, a sample drawn from seed %d (espresso.evaluate-clients=%s); "
+                 "the summary's evaluated_partitions names them", n, len(nodes), self.run.cfg.seed,
+                 self.opts.evaluate_clients)
+        return picked
 
     # ---- the protocol -------------------------------------------------------------------------------
     def execute(self, grid) -> dict[str, Any]:

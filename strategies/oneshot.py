@@ -14,6 +14,7 @@ from fedapp.data import classifier_split
 from fedapp.metrics import accuracy_by_group, weighted_client_accuracy
 from fedapp.protocols import ARRAYS_KEY
 from fedapp.protocols import classify
+from fedapp.protocols.records import partition_of
 from fedapp.server import PhasedStrategy
 from fedapp.server.checkpoint import save_model
 
@@ -64,6 +65,8 @@ class OneShotStrategy(PhasedStrategy):
             metrics.update(weighted_client_accuracy(acc))
             metrics["client_domain"] = {str(k): v["domain"] for k, v in sorted(acc.items())
                                         if v["domain"] is not None}
+            # which clients evaluated, those with an empty test split (no accuracy) included
+            metrics["evaluated_partitions"] = sorted(p for r in replies if (p := partition_of(r)) is not None)
         metrics["evaluated_clients"] = len(nodes)
         metrics["classifier_bytes"] = parameter_bytes(model)
         metrics["model"] = self.run.cfg.model

@@ -39,6 +39,31 @@ def test_the_evaluate_phase_asks_all_a_seeded_sample_or_none_of_the_nodes(tmp_pa
     assert len(set(picks.values())) > 1  # another seed, another sample
 
 
+def test_auto_asks_every_client_up_to_100_and_a_seeded_sample_of_100_beyond(tmp_path):
+    from fedapp.protocols.espresso import AUTO_EVALUATE_CLIENTS
+
+    assert AUTO_EVALUATE_CLIENTS == 100
+    hundred = list(range(7, 107))
+    assert _strategy(tmp_path).evaluation_nodes(hundred) == hundred  # up to 100: every client, as before
+    for count in (101, 1000):
+        nodes = list(range(50, 50 + count))
+        picks = {seed: _strategy(tmp_path, seed=seed).evaluation_nodes(list(reversed(nodes))) for seed in (0, 0, 1)}
+        for picked in picks.values():
+            assert len(set(picked)) == 100 and set(picked) <= set(nodes) and picked == sorted(picked)
+        assert _strategy(tmp_path, seed=0).evaluation_nodes(nodes) == picks[0]  # the same 100 for the same seed
+        assert picks[1] != picks[0]  # another seed, another 100
+        # the sampled path of espresso.evaluate-clients = 100: the same draw
+        assert _strategy(tmp_path, seed=1, **{"espresso.evaluate-clients": 100}).evaluation_nodes(nodes) == picks[1]
+    many = list(range(300))  # min-clients above 100: auto's sample keeps min-clients replies possible
+    assert len(_strategy(tmp_path, **{"min-clients": 150}).evaluation_nodes(many)) == 150
+    from fedapp.plan import make_plan
+
+    plan = make_plan({"method": "espresso", "dataset": "digits", "partitioner.name": "iid", "partitioner.per-class": 0,
+                      "min-clients": 2}, 150, bench=False)["comm"]["by_phase"]
+    down = {r["phase"]: r["messages"] for r in plan if r["direction"] == "down"}
+    assert down["train"] == pytest.approx(150) and down["evaluate"] == pytest.approx(100)  # the plan asks as the run
+
+
 def test_a_sample_smaller_than_min_clients_is_refused_before_the_run():
     check = registry.preflight_check("espresso")
     cfg = parse_run_config({"method": "espresso", "min-clients": 3, "espresso.evaluate-clients": 2,
@@ -64,6 +89,7 @@ def test_only_the_sampled_clients_get_the_classifier_and_report_its_accuracy(tmp
         evaluated = {c for c, phases in by_phase.items() if phases.get("evaluate", {}).get("messages_down")}
         assert m["evaluated_clients"] == len(evaluated) == n
         assert len(m.get("per_client_accuracy", {})) == n and 0 <= m["accuracy"] <= 1
+        assert m.get("evaluated_partitions", []) == sorted(int(p) for p in m.get("per_client_accuracy", {}))
         assert sum(1 for phases in by_phase.values() if phases.get("train", {}).get("messages_down")) == 4
     assert cache.hits >= 4  # the 0-client run's train phase came from the cache
     from fedapp.plan import make_plan

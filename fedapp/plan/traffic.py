@@ -4,7 +4,6 @@ what fedapp/plan/comm.py counts in bytes. One function per protocol family, as t
 
 from __future__ import annotations
 
-from fedapp.options import AUTO
 from fedapp.plan.comm import Comm, arrays
 from fedapp.plan.counts import espresso_options, evaluation_rounds, sampled
 from fedapp.plan.modules import state_bytes
@@ -76,8 +75,8 @@ def espresso(comm: Comm, cfg, facts, modules: dict, arch) -> None:
         comm.conditional["prior weights, to each node lacking the built-in prior"] = shipped_prior_bytes(cfg)
     uploads = [espresso_upload_bytes(opts, arch, c) for c in facts.class_counts]
     comm.exchange(P.TRAIN, digest, {}, 1, config=pinned, up_by_client=uploads)
-    n, asked = facts.num_clients, opts.evaluate_clients
-    oneshot_evaluate(comm, cfg, modules, pinned, share=1.0 if asked == AUTO else min(asked, n) / n)
+    n = facts.num_clients
+    oneshot_evaluate(comm, cfg, modules, pinned, share=P.evaluation_size(opts, n, cfg.min_clients) / n)
 
 
 def shipped_prior_bytes(cfg) -> int:
