@@ -134,7 +134,8 @@ def composition_accuracy(pred_a: torch.Tensor, pred_b: torch.Tensor,
 
 def weighted_client_accuracy(acc: dict[int, dict[str, Any]]) -> dict[str, Any]:
     """The clients' test accuracy weighted by their test-set sizes, and per client
-    (`acc`: partition id -> {accuracy, n}, as fedapp.protocols.classify.client_accuracies reads it)."""
+    (`acc`: partition id -> {accuracy, n}, as fedapp.protocols.classify.client_accuracies reads it). None when
+    the clients hold no test image between them (tiny shards), rather than a 0.0 that reads as a failure."""
     n = sum(v["n"] for v in acc.values())
-    return {"client_accuracy": sum(v["accuracy"] * v["n"] for v in acc.values()) / max(n, 1),
+    return {"client_accuracy": sum(v["accuracy"] * v["n"] for v in acc.values()) / n if n else None,
             "per_client_accuracy": {str(k): v["accuracy"] for k, v in sorted(acc.items())}}

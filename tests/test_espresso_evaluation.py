@@ -105,3 +105,12 @@ def test_only_the_sampled_clients_get_the_classifier_and_report_its_accuracy(tmp
     by_phase = json.loads((Path(runs[2]["run_dir"]) / "comm.json").read_text())["by_phase"]
     sent = sum(phases["evaluate"]["down"] for phases in by_phase.values() if "evaluate" in phases)
     assert abs(planned[2][("evaluate", "down")]["bytes"] - sent) < 0.01 * sent  # the plan's bytes are the run's
+
+
+def test_client_accuracy_is_absent_not_zero_when_the_evaluated_clients_hold_no_test_image():
+    from fedapp.metrics import weighted_client_accuracy
+
+    empty = weighted_client_accuracy({3: {"accuracy": 0.0, "n": 0}, 7: {"accuracy": 0.0, "n": 0}})
+    assert empty["client_accuracy"] is None and set(empty["per_client_accuracy"]) == {"3", "7"}
+    mixed = weighted_client_accuracy({3: {"accuracy": 0.5, "n": 2}, 7: {"accuracy": 1.0, "n": 6}})
+    assert mixed["client_accuracy"] == pytest.approx(0.875)
