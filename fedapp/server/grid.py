@@ -118,7 +118,9 @@ def send_windowed(grid: Any, messages: list[Message], window: int, timeout: floa
     goes out as a reply comes in. The replies in the order they came; after `timeout` seconds (None: no limit)
     those not yet in, and the messages not yet sent, are left out, as Flower leaves out replies that miss it."""
     end = None if timeout is None else time.monotonic() + timeout
-    queue, pending, replies = iter(messages), set(), []
+    queue = iter(messages)
+    pending: set[str] = set()  # ids of the messages awaiting their reply
+    replies: list[Message] = []
     while True:
         while len(pending) < window and (msg := next(queue, None)) is not None:
             pending.update(grid.push_messages([msg]))
