@@ -1,6 +1,6 @@
 """A deployed FedAvg client's time per message against the same run's Ray actors, in one run.
 
-    python benchmarks/deployed_clients.py [--rounds 6] [--modes subprocess warm ray] [--threads 1] [--out FILE]
+    python benchmarks/deployed_clients.py [--rounds 6] [--modes subprocess warm ray] [--threads 1] [--out DIR]
 
 On this machine's loopback, a SuperLink and 2 SuperNodes run the deployment section's run (FedAvg on digits, iid,
 2 clients, fraction-evaluate 0) with `flwr run`, for `--rounds` rounds, in three modes:
@@ -180,10 +180,10 @@ def report(results: dict, rounds: int) -> dict:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[common_args(threads=1)])
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[common_args(
+        threads=1, out=None, helps={"out": "also write the figures to <out>/deployed_clients.json"})])
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
-    p.add_argument("--out", type=Path, default=None, help="also write the figures here as JSON")
     a = p.parse_args()
     pin_threads(a.threads)
     load = os.getloadavg()
@@ -197,8 +197,9 @@ def main() -> None:
     if a.out:
         from fedapp.results import atomic_write_json
 
-        atomic_write_json(a.out, {"rounds": a.rounds, "threads": a.threads, "ratios": ratios,
-                                  "results": {m: {k: v for k, v in r.items()} for m, r in results.items()}})
+        atomic_write_json(Path(a.out) / "deployed_clients.json", {
+            "rounds": a.rounds, "threads": a.threads, "ratios": ratios,
+            "results": {m: dict(r) for m, r in results.items()}})
 
 
 if __name__ == "__main__":
