@@ -41,9 +41,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "tests"))  # deploy_util: the deployment tests' SuperLink / SuperNode processes
-from deploy_util import BIN, Federation, flower, free_port, wait_for  # noqa: E402
 from deployed_message import NUM_PARTITIONS, RUN_CONFIG  # noqa: E402
+from local_federation import BIN, Federation, flower, free_port, wait_for  # noqa: E402
 from experiments.cli import common_args, pin_threads  # noqa: E402
 
 MODES = ("subprocess", "warm", "ray")

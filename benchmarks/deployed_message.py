@@ -131,16 +131,17 @@ def write_messages(path: Path, rounds: int) -> None:
     the global weights), serialised as Flower's protobuf, each prefixed by its length."""
     import torch
     from flwr.common.serde import recorddict_to_proto
-    from flwr.app import ArrayRecord, RecordDict
+    from flwr.app import RecordDict
 
     from fedapp.config import parse_run_config
     from fedapp.models.classifier import build_classifier
     from fedapp.protocols import ARRAYS_KEY, ROUND_KEY, RUN_KEY
     from fedapp.protocols.records import run_config_record
+    from fedapp.protocols.weights import weights_record
 
     cfg = parse_run_config(RUN_CONFIG)
     torch.manual_seed(0)
-    weights = ArrayRecord(build_classifier(cfg.model, 10).state_dict())
+    weights = weights_record(build_classifier(cfg.model, 10).state_dict())  # packed, as the server sends it
     blobs = [recorddict_to_proto(RecordDict({RUN_KEY: run_config_record(cfg.flat(), **{ROUND_KEY: r}),
                                              ARRAYS_KEY: weights})).SerializeToString() for r in range(1, rounds + 1)]
     path.write_bytes(b"".join(len(b).to_bytes(8, "little") + b for b in blobs))

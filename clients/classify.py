@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Callable
 
 import torch
-from flwr.app import ArrayRecord, Message, MetricRecord, RecordDict
+from flwr.app import Message, MetricRecord, RecordDict
 from torch import nn
 from torch.nn import functional as F
 
@@ -19,6 +19,7 @@ from fedapp.models.classifier import build_classifier, minibatches
 from fedapp.protocols import (ACCURACY_KEY, ARRAYS_KEY, EVALUATE, LOSS_KEY, METRICS_KEY, NUM_EXAMPLES_KEY,
                               PROXIMAL_MU_KEY, ROUND_KEY, RUN_KEY)
 from fedapp.protocols.classify import TRAIN
+from fedapp.protocols.weights import load_weights, weights_record
 
 ExtraLoss = Callable[[nn.Module, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
@@ -74,10 +75,9 @@ def evaluate(model: nn.Module, x: torch.Tensor, y: torch.Tensor, device: str = "
 
 
 def model_from_message(msg: Message, ctx: ClientContext) -> nn.Module:
-    """The classifier named by the run config, loaded with the server's weights."""
+    """The classifier named by the run config, loaded with the server's (packed) weights."""
     model = build_classifier(ctx.cfg.model, ctx.shard.info.num_classes)
-    model.load_state_dict(msg.content.array_records[ARRAYS_KEY].to_torch_state_dict())
-    return model
+    return load_weights(model, msg.content.array_records[ARRAYS_KEY])
 
 
 def round_of(msg: Message) -> int:
@@ -86,8 +86,8 @@ def round_of(msg: Message) -> int:
 
 
 def train_reply(model: nn.Module, num_examples: int, metrics: dict[str, float]) -> RecordDict:
-    """FedAvg's train reply: the local weights and the sample weight with the training metrics."""
-    return RecordDict({ARRAYS_KEY: ArrayRecord(model.cpu().state_dict()),
+    """FedAvg's train reply: the local weights (packed) and the sample weight with the training metrics."""
+    return RecordDict({ARRAYS_KEY: weights_record(model.state_dict()),
                        METRICS_KEY: MetricRecord({NUM_EXAMPLES_KEY: num_examples, **metrics})})
 
 

@@ -23,6 +23,7 @@ from fedapp.models.checkpoints import TrainState, run_train_state
 from fedapp.models.ddpm import DDPM, build_ddpm, train_ddpm
 from fedapp.protocols import ARRAYS_KEY
 from fedapp.protocols import pfdm as P
+from fedapp.protocols.weights import load_weights
 
 
 def train_local_ddpm(x, y, o, image_size: int, num_classes: int, seed: int, device: str = "cpu",
@@ -52,8 +53,7 @@ def steps_per_round(o, rounds: int) -> int:
 def global_ddpm(msg: Message, ctx: ClientContext[P.PFDMOptions]) -> tuple[int, DDPM]:
     """(round, the global class-conditional DDPM of the message) of a FedAvg-style DDPM round."""
     model = build_ddpm(ctx.cfg.image_size, ctx.shard.info.num_classes, flag=False, channels=ctx.cfg.options.channels)
-    model.load_state_dict(msg.content.array_records[ARRAYS_KEY].to_torch_state_dict())
-    return round_of(msg), model
+    return round_of(msg), load_weights(model, msg.content.array_records[ARRAYS_KEY])
 
 
 def handle_fedavg_train(msg: Message, ctx: ClientContext[P.PFDMOptions]) -> RecordDict:

@@ -34,6 +34,7 @@ from fedapp.progress import track
 from fedapp.protocols import ARRAYS_KEY, EVALUATE
 from fedapp.protocols.feddifrc import (CACHE_BYTES, FEATURE_SECONDS, STATE_TARGETS, STATE_TARGETS_ID, TRAIN,
                                        FedDifRCOptions, feddifrc_classifier, target_dims)
+from fedapp.protocols.weights import load_weights
 from fedapp.seeds import derive_seed
 
 _CACHE: dict[str, "DiffusionTargets"] = {}  # process memory: cache key -> targets
@@ -231,8 +232,7 @@ def dynamic_targets(ctx: ClientContext[FedDifRCOptions], targets: DiffusionTarge
 # ---- handlers ------------------------------------------------------------------------------------
 def model_from_message(msg: Message, ctx: ClientContext[FedDifRCOptions]) -> nn.Module:
     model = feddifrc_classifier(ctx.cfg, ctx.shard.info.num_classes)
-    model.load_state_dict(msg.content.array_records[ARRAYS_KEY].to_torch_state_dict())
-    return model
+    return load_weights(model, msg.content.array_records[ARRAYS_KEY])
 
 
 def handle_train(msg: Message, ctx: ClientContext[FedDifRCOptions]) -> RecordDict:

@@ -24,6 +24,7 @@ from fedapp.data import for_classifier
 from fedapp.models.classifier import build_classifier
 from fedapp.protocols import ARRAYS_KEY, EVALUATE
 from fedapp.protocols.moon import STATE_PREV_MODEL, TRAIN, MoonOptions
+from fedapp.protocols.weights import load_weights
 
 
 def moon_contrastive(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor, tau: float) -> torch.Tensor:
@@ -74,9 +75,7 @@ def previous_model(ctx: ClientContext[MoonOptions]) -> nn.Module | None:
 
 
 def model_from_message(msg: Message, ctx: ClientContext[MoonOptions]) -> nn.Module:
-    model = build_model(ctx)
-    model.load_state_dict(msg.content.array_records[ARRAYS_KEY].to_torch_state_dict())
-    return model
+    return load_weights(build_model(ctx), msg.content.array_records[ARRAYS_KEY])
 
 
 def handle_train(msg: Message, ctx: ClientContext[MoonOptions]) -> RecordDict:

@@ -154,6 +154,16 @@ def load_model(view: RunView, state: dict[str, torch.Tensor]) -> torch.nn.Module
     return model.to(view.device).eval()
 
 
+def kept_weights(view: RunView, arrays: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A kept FedAvg-family weights record ({name: tensor}: the packed vector, fedapp.protocols.weights) as the
+    run's classifier's state_dict; a record that holds one array per tensor is that state_dict already."""
+    from fedapp.protocols.weights import WEIGHTS, flat_of, unpack
+
+    if WEIGHTS not in arrays:
+        return dict(arrays)  # load_model's strict load names any key that does not fit
+    return unpack(flat_of(arrays), new_classifier(view).state_dict())
+
+
 def shadow_set(public: Any, like: Any, g: torch.Generator) -> Any:
     """Public images with the class counts of `like` (a client's training split), of its value of every
     attribute it holds one value of (its domain): a draw of the client's distribution that no candidate is in."""
@@ -196,11 +206,12 @@ def model_upload_scores(view: RunView, up: Any, members: Any, nonmembers: Any, s
     likelihood ratio against `shadows` shadow uploads (0: loss only)."""
     from fedapp.protocols import ARRAYS_KEY
 
-    model = load_model(view, up.up[ARRAYS_KEY])
+    model = load_model(view, kept_weights(view, up.up[ARRAYS_KEY]))
     out = {"loss": (classifier_loss_scores(model, members.x, members.y),
                     classifier_loss_scores(model, nonmembers.x, nonmembers.y))}
     if shadows and ARRAYS_KEY in up.down:
-        out["lira"] = lira_scores(view, model, up.down[ARRAYS_KEY], all_shards(view)[up.partition].train, members,
+        start = kept_weights(view, up.down[ARRAYS_KEY])
+        out["lira"] = lira_scores(view, model, start, all_shards(view)[up.partition].train, members,
                                   nonmembers, shadows, seed)
     return out
 

@@ -18,7 +18,7 @@ import logging
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord, MetricRecord, RecordDict
+from flwr.app import MetricRecord, RecordDict
 from flwr.serverapp.strategy.strategy_utils import aggregate_metricrecords
 
 from fedapp.data import all_client_shards
@@ -26,6 +26,7 @@ from fedapp.models.checkpoints import run_train_state
 from fedapp.models.ddpm import build_ddpm, train_ddpm
 from fedapp.protocols import pfdm as P
 from fedapp.protocols.records import partition_of, tensors_of
+from fedapp.protocols.weights import load_weights, weights_record
 from fedapp.server import PhasedStrategy, RoundStrategy, ServerRun
 from fedapp.server.checkpoint import save_model
 from strategies.generation_eval import GenerationEval, memorisation, sample_model
@@ -92,10 +93,10 @@ class FedAvgDDPMStrategy(RoundStrategy):
         ev = GenerationEval(run, len(nodes))
         torch.manual_seed(cfg.seed)
         model = build_ddpm(cfg.image_size, ev.num_classes, flag=False, channels=cfg.options.channels)
-        initial = ArrayRecord(model.state_dict())
+        initial = weights_record(model.state_dict())  # packed, as FedAvg's (clients.classify.train_reply)
         self.expect(initial)
         result = self.run_rounds(grid, initial)
-        model.load_state_dict(result.arrays.to_torch_state_dict())
+        load_weights(model, result.arrays)
         save_model(run.out, model.state_dict())
         with run.phase("evaluation"):
             metrics = score_released_model(run, ev, model.eval(), len(nodes), f"{self.name}_global")

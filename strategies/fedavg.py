@@ -1,16 +1,18 @@
 """FedAvg (McMahan et al., 2017) on Flower's own FedAvg round loop.
 
 Protocol: fedapp/protocols/classify.py (train: weights down, weights + num-examples up; evaluate:
-weights down, accuracy up). What fedapp adds to Flower's loop: every upload passes the validation
-gate against the global model's keys, shapes and dtypes before Flower aggregates it, bytes are
-metered by the grid, the global test set is evaluated after every round, and each client's test
-accuracy is kept for the summary.
+weights down, accuracy up), the weights packed as one float32 Array (fedapp/protocols/weights.py).
+What fedapp adds to Flower's loop: every upload passes the validation gate against the global model's
+packed length and dtype before Flower aggregates it, bytes are metered by the grid, the global test set
+is evaluated after every round, and each client's test accuracy is kept for the summary.
 
 `aggregation` (run config) picks Flower's aggregation of the valid uploads: `mean` (FedAvg's
 num-examples-weighted mean), `median` (FedMedian: coordinate-wise median), `trimmed-mean`
 (FedTrimmedAvg, Flower's beta = 0.2: that fraction cut at each end per coordinate, then the plain mean)
 or `krum` (Krum, Flower's num_malicious_nodes = 0: the one upload closest to its n - 2 nearest
-neighbours). Every FedAvg-family method (fedavg, fedprox, moon, feddifrc) inherits it.
+neighbours, by distances over the whole upload). Each works coordinate by coordinate or on the whole
+upload, so the packed layout gives what per-tensor arrays would (tests/test_weights.py). Every
+FedAvg-family method (fedavg, fedprox, moon, feddifrc) inherits it.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from fedapp.models.classifier import build_classifier
 from fedapp.progress import Rounds
 from fedapp.protocols import ACCURACY_KEY, NUM_EXAMPLES_KEY
 from fedapp.protocols import classify as P
+from fedapp.protocols.weights import load_weights, weights_record
 from fedapp.seeds import derive_seed
 from fedapp.server import RoundStrategy, ServerRun, keep_valid
 from fedapp.server.checkpoint import save_checkpoint, save_model
@@ -106,8 +109,7 @@ class FedAvgStrategy(RoundStrategy):
         """Global test accuracy after each round (Flower's evaluate_fn); checkpoints the model."""
         server_round += self.round_offset
         server = self.server_data()
-        model = self.build_model()
-        model.load_state_dict(arrays.to_torch_state_dict())
+        model = load_weights(self.build_model(), arrays)
         test = classifier_split(server.test, self.run.cfg)  # at classifier-size
         metrics = accuracy_by_group(model, test, server.info, device=self.run.device)
         if self.round_offset and server_round == self.round_offset:  # the resumed model: logged already
@@ -131,11 +133,11 @@ class FedAvgStrategy(RoundStrategy):
             model.load_state_dict(self.run.resume_from.state)
             self.round_offset = self.run.resume_from.round
             self.rounds.first = self.round_offset + 1
-        initial = ArrayRecord(model.state_dict())
-        self.expect(initial)
+        initial = weights_record(model.state_dict())
+        self.expect(initial)  # the packed record: one float32 array of the model's length
         result = self.run_rounds(grid, initial, cfg.num_server_rounds - self.round_offset,
                                  evaluate_config=self.run_config_record(), evaluate_fn=self.global_evaluate)
-        save_model(self.run.out, result.arrays.to_torch_state_dict())
+        save_model(self.run.out, load_weights(model, result.arrays).state_dict())
         last = self.run.out.metrics[-1]
         self.run.out.plot_accuracy()
         return {k: v for k, v in last.items() if k != "round"}

@@ -8,13 +8,13 @@ import logging
 from typing import Any
 
 import torch
-from flwr.app import ArrayRecord
 
 from fedapp.data import classifier_split
 from fedapp.metrics import accuracy_by_group, weighted_client_accuracy
 from fedapp.protocols import ARRAYS_KEY
 from fedapp.protocols import classify
 from fedapp.protocols.records import partition_of
+from fedapp.protocols.weights import weights_record
 from fedapp.server import PhasedStrategy
 from fedapp.server.checkpoint import save_model
 
@@ -57,7 +57,7 @@ class OneShotStrategy(PhasedStrategy):
         test = classifier_split(server.test, self.run.cfg)  # at classifier-size
         metrics = accuracy_by_group(model, test, server.info, device=self.run.device)
         if nodes:
-            weights = ArrayRecord({k: v.cpu() for k, v in model.state_dict().items()})
+            weights = weights_record(model.state_dict())  # packed, as FedAvg's evaluate sends it
             replies = self.exchange(grid, classify.EVALUATE, nodes, lambda n: {ARRAYS_KEY: weights},
                                     validate=classify.validate_evaluate)
             acc = classify.client_accuracies(replies)

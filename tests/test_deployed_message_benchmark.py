@@ -9,7 +9,9 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
 import deployed_message as bench  # noqa: E402
 
+from fedapp.models.classifier import build_classifier  # noqa: E402
 from fedapp.protocols import ARRAYS_KEY, ROUND_KEY, RUN_KEY  # noqa: E402
+from fedapp.protocols.weights import flat_of, load_weights  # noqa: E402
 
 
 def test_the_written_messages_read_back_as_the_rounds_train_messages(tmp_path, inside_a_run):
@@ -20,5 +22,7 @@ def test_the_written_messages_read_back_as_the_rounds_train_messages(tmp_path, i
     assert [m.content.config_records[RUN_KEY][ROUND_KEY] for m in msgs] == [1, 2, 3]
     run = msgs[0].content.config_records[RUN_KEY]
     assert (run["method"], run["dataset"], run["partitioner.name"]) == ("fedavg", "digits", "iid")
-    first, last = (m.content.array_records[ARRAYS_KEY].to_torch_state_dict() for m in (msgs[0], msgs[-1]))
-    assert first.keys() == last.keys() and all(torch.equal(first[k], last[k]) for k in first)
+    first, last = (flat_of(m.content.array_records[ARRAYS_KEY]) for m in (msgs[0], msgs[-1]))
+    model = build_classifier("cnn", 10)
+    assert torch.equal(first, last) and len(first) == sum(t.numel() for t in model.state_dict().values())
+    load_weights(model, msgs[0].content.array_records[ARRAYS_KEY])  # the packed layout is the model's own

@@ -407,7 +407,7 @@ def test_dpdm_client_reports_opacus_epsilon_for_its_noise_rate_and_steps_so_far(
     all of it by the last round."""
     from types import SimpleNamespace
 
-    from flwr.app import ArrayRecord, ConfigRecord, RecordDict
+    from flwr.app import ConfigRecord, RecordDict
     from opacus.accountants import RDPAccountant
 
     from clients import dpdm
@@ -416,6 +416,7 @@ def test_dpdm_client_reports_opacus_epsilon_for_its_noise_rate_and_steps_so_far(
     from fedapp.models.ddpm import build_ddpm
     from fedapp.protocols import ARRAYS_KEY, METRICS_KEY, ROUND_KEY, RUN_KEY
     from fedapp.protocols import pfdm as P
+    from fedapp.protocols.weights import weights_record
 
     flat = {**{("partitioner.name" if k == "partitioner" else k): v for k, v in TINY.items()}, "method": "dpdm",
             "num-server-rounds": 2, "pfdm.local-steps": 4, "pfdm.batch": 4, "pfdm.epsilon": 5.0}
@@ -423,7 +424,7 @@ def test_dpdm_client_reports_opacus_epsilon_for_its_noise_rate_and_steps_so_far(
     n = len(ctx.shard.train)
     steps, q, sigma = dpdm.round_plan(n, ctx.cfg.options, 2)
     assert steps == 2 and q == 4 / n < 1 and sigma > 0
-    weights = ArrayRecord(build_ddpm(8, ctx.shard.info.num_classes).state_dict())
+    weights = weights_record(build_ddpm(8, ctx.shard.info.num_classes).state_dict())  # packed, as the server sends
     acc = RDPAccountant()
     for rnd in (1, 2):
         msg = SimpleNamespace(content=RecordDict({ARRAYS_KEY: weights, RUN_KEY: ConfigRecord({ROUND_KEY: rnd})}))

@@ -63,14 +63,13 @@ def test_espresso_counts_are_the_codes_formulas(prior_dir):
 
 
 def test_fedavg_bytes_are_two_model_transfers_a_round_and_match_a_run(tmp_path):
-    from flwr.app import ArrayRecord
-
     from fedapp.models.classifier import build_classifier
+    from fedapp.protocols.weights import weights_record
     from fedapp.simulation import simulate_in_process
 
     flat = {**FEDAVG, "out-dir": str(tmp_path), "run-name": "plan-fedavg"}
     plan = make_plan(flat, 2, bench=False)
-    model = ArrayRecord(build_classifier("cnn", 10).state_dict()).count_bytes()
+    model = weights_record(build_classifier("cnn", 10).state_dict()).count_bytes()  # the packed model
     rounds = FEDAVG["num-server-rounds"]
     for row in plan["comm"]["per_client"].values():
         overhead = row["down"] + row["up"] - 2 * model * rounds  # the run config, metrics, client record

@@ -129,13 +129,26 @@ def test_a_run_keeps_each_clients_last_upload_and_the_model_it_started_from(tmp_
     from fedapp.config import parse_run_config
     from fedapp.data import client_shard
 
+    from fedapp.models.classifier import build_classifier
+    from fedapp.protocols.weights import flat_of, unpack
+
     n = [len(client_shard(parse_run_config(flat), p, 2).train) for p in (0, 1)]
+    like = build_classifier("cnn", 10).state_dict()  # the packed records' layout (fedapp.protocols.weights)
+    up, down = ([unpack(flat_of(k.up[ARRAYS_KEY] if side == "up" else k.down[ARRAYS_KEY]), like)
+                 for k in (kept[0], kept[1])] for side in ("up", "down"))
+    assert set(final) == set(like)
     for name, value in final.items():
-        mean = (n[0] * kept[0].up[ARRAYS_KEY][name].double() + n[1] * kept[1].up[ARRAYS_KEY][name].double()) / sum(n)
+        mean = (n[0] * up[0][name].double() + n[1] * up[1][name].double()) / sum(n)
         torch.testing.assert_close(value.double(), mean, rtol=1e-5, atol=1e-6)
         # both clients started their last round from the same global model, which is not what they sent
-        assert torch.equal(kept[0].down[ARRAYS_KEY][name], kept[1].down[ARRAYS_KEY][name])
-    assert any(not torch.equal(kept[0].down[ARRAYS_KEY][k], kept[0].up[ARRAYS_KEY][k]) for k in final)
+        assert torch.equal(down[0][name], down[1][name])
+    assert any(not torch.equal(down[0][k], up[0][k]) for k in final)
+    # the audit reads a kept record in the run's own classifier's layout (and one kept per tensor as it is)
+    from experiments.audit_targets import RunView, kept_weights
+
+    view = RunView.load(run_dir)
+    for got in (kept_weights(view, kept[0].up[ARRAYS_KEY]), kept_weights(view, up[0])):
+        assert list(got) == list(like) and all(torch.equal(got[k], up[0][k]) for k in like)
     # the audit attacks this folder as it is, and refuses it for a config it does not hold
     from experiments.privacy_audit import ensure_run
 

@@ -125,3 +125,10 @@ def state_bytes(spec: dict[str, Any]) -> int:
     from flwr.app import ArrayRecord
 
     return ArrayRecord(build(spec, "cpu").state_dict()).count_bytes()
+
+
+def packed_bytes(spec: dict[str, Any]) -> int:
+    """Bytes of the module's weights packed as the FedAvg family sends them (fedapp.protocols.weights)."""
+    from fedapp.protocols.weights import weights_record
+
+    return weights_record(build(spec, "cpu").state_dict()).count_bytes()

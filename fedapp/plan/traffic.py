@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from fedapp.plan.comm import Comm, arrays
 from fedapp.plan.counts import espresso_options, evaluation_rounds, sampled
-from fedapp.plan.modules import state_bytes
+from fedapp.plan.modules import packed_bytes, state_bytes
 
 
 def _shares(cfg, facts) -> tuple[float, float]:
@@ -22,7 +22,7 @@ def rounds(comm: Comm, cfg, facts, modules: dict) -> None:
     from fedapp import registry
     from fedapp.protocols import EVALUATE, PROXIMAL_MU_KEY, ROUND_KEY
 
-    model = state_bytes(modules["classifier"])
+    model = packed_bytes(modules["classifier"])  # one float32 Array (fedapp.protocols.weights)
     train, evaluate = _shares(cfg, facts)
     extra = {ROUND_KEY: 0, **({PROXIMAL_MU_KEY: cfg.options.mu} if cfg.method == "fedprox" else {})}
     comm.exchange(registry.protocol(cfg.method).TRAIN, {"model": model}, {"model": model},
@@ -34,7 +34,7 @@ def oneshot_evaluate(comm: Comm, cfg, modules: dict, config: dict | None = None,
     """The classifier down to `share` of the clients (Espresso's espresso.evaluate-clients: a sample)."""
     from fedapp.protocols import EVALUATE
 
-    comm.exchange(EVALUATE, {"model": state_bytes(modules["classifier"])}, {}, share, config=config)
+    comm.exchange(EVALUATE, {"model": packed_bytes(modules["classifier"])}, {}, share, config=config)
 
 
 def espresso_upload_bytes(opts, arch, counts: list[int]) -> int:
@@ -115,7 +115,7 @@ def pfdm_family(comm: Comm, cfg, facts, modules: dict) -> None:
     elif m == "local-only":
         comm.exchange(P.LOCAL_SAMPLE, {}, {"samples": _images(o.samples, facts)}, 1)
     elif m in ("fedavg-ddpm", "dpdm"):
-        model = state_bytes(modules["ddpm"])
+        model = packed_bytes(modules["ddpm"])  # packed as FedAvg's (clients.classify.train_reply)
         phase = P.DPDM_TRAIN if m == "dpdm" else P.FEDAVG_TRAIN
         comm.exchange(phase, {"model": model}, {"model": model}, cfg.num_server_rounds * _shares(cfg, facts)[0],
                       config={ROUND_KEY: 0})

@@ -3,6 +3,9 @@
 
     train     down: the global weights (ARRAYS_KEY)   up: the local weights + metrics (num-examples, train_*)
     evaluate  down: the global weights                 up: metrics (num-examples, loss, accuracy)
+
+The weights travel packed: one flat float32 Array in the ARRAYS_KEY record (fedapp.protocols.weights), laid
+out by the model both sides build from the run config.
 """
 
 from __future__ import annotations
@@ -33,7 +36,8 @@ def train_phase(*extra_metrics: str) -> Phase:
 
 def validate_train(content: RecordDict, expected: Mapping[str, tuple], max_bytes: float | None,
                    dtypes: Mapping[str, str] | None = None) -> str | None:
-    """The global model's exact keys, shapes and (with `dtypes`) dtypes, finite, within the size cap.
+    """The global model's exact keys, shapes and (with `dtypes`) dtypes, finite, within the size cap: for the
+    packed record (fedapp.protocols.weights), its one array's length, float32, finite values and size.
     (num-examples and the metric keys are the gate's: fedapp.server.validation checks them first.)"""
     return check_arrays(content.array_records.get(ARRAYS_KEY), expected, max_bytes, dtypes)
 
