@@ -285,6 +285,20 @@ def timed_seed(seed: int, args, overrides: dict[str, Any], keep_images: bool) ->
     return seed, res, images
 
 
+def seed_complete(entry: dict | None, rows: list[str]) -> bool:
+    """A seed of the table's JSON is done only when it holds every row asked for now; the rows it lacks run (or
+    are read back from <out>/rows/), so runners filling one table with different rows each add theirs."""
+    return entry is not None and all(r in entry["results"] for r in rows)
+
+
+def merged_seed(old: dict | None, new: dict) -> dict:
+    """A seed's entry with `new`'s rows added to the rows another invocation saved before."""
+    if old is None:
+        return new
+    return {**old, **new, "results": {**old["results"], **new["results"]},
+            "seconds": {**old.get("seconds", {}), **new.get("seconds", {})}}
+
+
 def seed_results(seeds: list[int], args, overrides: dict[str, Any]):
     """Yield (seed, results, images) as seeds finish; --jobs > 1 runs seeds in spawned processes
     (seeds are independent, and one torch thread per seed uses small cores better than one seed on
@@ -359,6 +373,8 @@ def fidelity_table(per_seed: dict[str, dict]) -> str:
 
 
 def bar_chart(summary: dict, domains: list[str], path: Path) -> None:
+    if not summary:  # no row yet in every seed (runners filling one table with different rows): nothing to draw
+        return
     import matplotlib
 
     matplotlib.use("Agg")
@@ -457,13 +473,13 @@ def main(argv: list[str]) -> None:
     info = dataset_info(cfg.dataset, image_size=cfg.image_size)
     domains = list(info.attributes["domain"])
     t_all = time.time()
-    todo = [s for s in a.seeds if str(s) not in per_seed]
+    todo = [s for s in a.seeds if not seed_complete(per_seed.get(str(s)), a.rows)]
     if todo and a.fidelity and a.reader_seed is not None:  # the one pair of readers, trained here before
         from fedapp.data import server_data                 # --jobs processes would each train it at once
 
         fidelity_readers(server_data(cfg, a.clients), a.reader_seed, a.reader_epochs)
     for seed, res, images in seed_results(todo, a, overrides):
-        per_seed[str(seed)] = res
+        per_seed[str(seed)] = merged_seed(per_seed.get(str(seed)), res)
         if images:
             image_grids(images, info.num_classes, out)
         md, summary = table(per_seed, domains)

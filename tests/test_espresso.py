@@ -726,3 +726,38 @@ def test_vae_round_trip_reads_which_styles_a_latent_prior_can_carry():
     assert [photo[n]["own_domain"] for n in names[1:]] == [0.0, 0.0, 0.0]
     assert photo["quickdraw"]["domains_read"] == {"photo": 2, "sketch": 0, "clipart": 0, "quickdraw": 0}
     assert photo["sketch"]["class_accuracy"] == 1.0 and photo["sketch"]["mse"] > 0
+
+
+def test_runners_filling_one_table_with_different_rows_each_add_theirs(tmp_path, monkeypatch):
+    """Two runners write one --out with disjoint rows (and seeds): neither crashes on a table with no row in every
+    seed, neither drops the other's rows, and a seed missing a row asked for now is run again (its finished rows
+    come back from <out>/rows/), not taken as done."""
+    from experiments import espresso_ablation as ab
+
+    asked: list[list[int]] = []
+
+    def fake_seeds(seeds, args, overrides):
+        asked.append(list(seeds))
+        for s in seeds:
+            acc = {r: 0.5 + 0.1 * ab.ROWS.index(next(x for x in ab.ROWS if x[0] == r)) + 0.01 * s for r in args.rows}
+            yield s, {"results": {r: {"domain_accuracy": {d: a for d in ("photo", "sketch", "clipart",
+                                                                          "quickdraw")},
+                                      "mean_domain_accuracy": a} for r, a in acc.items()},
+                      "seconds": {r: {"wall": 1.0} for r in args.rows}}, {}
+
+    monkeypatch.setattr(ab, "seed_results", fake_seeds)
+
+    def run(rows, seeds):
+        ab.main(["--seeds", *seeds, "--rows", *rows, "--threads", "1", "--out", str(tmp_path), "--resume",
+                 "--runs", str(tmp_path / "runs")])
+        return json.loads((tmp_path / "espresso_ablation.json").read_text())
+
+    run(["C"], ["0"])
+    table = run(["C+G"], ["1"])  # no row in both seeds: an empty summary, no figure, no crash
+    assert table["summary"] == {} and sorted(table["per_seed"]) == ["0", "1"]
+    table = run(["C", "C+G"], ["0", "1"])
+    assert asked[-1] == [0, 1]  # each seed lacked one of the rows asked for
+    assert {s: sorted(v["results"]) for s, v in table["per_seed"].items()} == {"0": ["C", "C+G"], "1": ["C", "C+G"]}
+    assert sorted(table["summary"]) == ["C", "C+G"] and (tmp_path / "espresso_ablation.png").is_file()
+    run(["C", "C+G"], ["0", "1"])
+    assert asked[-1] == []  # every seed complete: nothing runs
