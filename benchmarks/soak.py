@@ -267,18 +267,18 @@ def final_model(run_dir: Path) -> dict[str, np.ndarray]:
     return load_file(str(Path(run_dir) / "model.safetensors"))
 
 
-def final_weights(run_dir: Path, flat: dict[str, Any], clients: int) -> dict[str, np.ndarray]:
+def final_weights(run_dir: Path, flat: dict[str, Any]) -> dict[str, np.ndarray]:
     """The run's final model.safetensors packed as a train message carries it (fedapp.protocols.weights: in the
     order of the run's classifier's state_dict), for the last round's mean check."""
     from safetensors.torch import load_file
 
     from fedapp.config import parse_run_config
-    from fedapp.data import server_data
     from fedapp.models.classifier import build_classifier
     from fedapp.protocols.weights import WEIGHTS, pack
+    from feddata import dataset_info
 
-    cfg = parse_run_config(flat)
-    like = build_classifier(cfg.model, server_data(cfg, clients).info.num_classes).state_dict()
+    cfg = parse_run_config(flat)  # the layout needs the class count only, not the server's split
+    like = build_classifier(cfg.model, dataset_info(cfg.dataset, image_size=cfg.image_size).num_classes).state_dict()
     saved = load_file(str(Path(run_dir) / "model.safetensors"))
     return {WEIGHTS: pack({k: saved[k] for k in like}).numpy()}
 
@@ -303,7 +303,7 @@ def run_soak(rounds: int, clients: int, plan: FaultPlan, out_dir: str | Path, fr
     wall, cpu = time.time() - t0, time.process_time() - cpu0
     summary = json.loads((run_dir / "summary.json").read_text())
     if error is None:
-        grid.close(final_weights(run_dir, flat, clients))
+        grid.close(final_weights(run_dir, flat))
     server_records(grid.rows, summary["failures"])
     train = [r for r in grid.rows if r["phase"] == "train"]
     mem = memory_verdict([r["round"] for r in train], [r["rss_mib"] for r in train], flat_mib)
