@@ -6,7 +6,7 @@ A row keeps the composites' residuals and the experts' gauge figures after Stage
 round (`ci_by_round`: strategies.dcfm.DcfmStrategy.round_record).
 
     python -m experiments dcfm [--clients 5] [--seeds 0,1,2] [--quick] [--out docs/results]
-    # a budget sweep of one run-config key over some rows (issue 28 item 2): each value is a row of its own,
+    # a budget sweep of one run-config key over some rows: each value is a row of its own,
     # "<row>@<key>=<value>", written to <out>/dcfm[_<dataset>]_sweep_<key>.json; Stage I is shared
     python -m experiments dcfm --rows dcfm-b --splits non-iid --sweep dcfm.distill-steps=500,1000,2000
 

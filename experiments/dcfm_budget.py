@@ -1,4 +1,4 @@
-"""`python -m experiments dcfm-budget`: the step budget of DCFM's velocity nets (issue 28 item 2).
+"""`python -m experiments dcfm-budget`: the step budget of DCFM's velocity nets.
 
 One velocity net (the table's architecture, experiments/dcfm.py's data: colored-mnist, attribute hold-out,
 5 clients) trained by plain masked flow matching (clients/dcfm.train_expert, lambda_ci = 0 unless given) in

@@ -5,7 +5,7 @@ writes <out>/espresso_ablation.json, <out>/espresso_ablation.png and <out>/espre
 (--out defaults to docs/results).
 
     python -m experiments espresso-ablation [--seeds 0 1 2] [--set espresso.steps=10 ...]
-    # issue 15's settings: real 28 px digits, a prior that has seen photo only, label skew in one domain
+    # the label-skew setting: real 28 px digits, a prior that has seen photo only, label skew in one domain
     python -m experiments espresso-ablation --set dataset=mnist-styles prior=tiny@photo
     python -m experiments espresso-ablation --set partitioner.name=dirichlet-domain \
         partitioner.domain=photo partitioner.alpha=0.5

@@ -68,7 +68,7 @@ METHODS = {
     "feddifrc-client-pca": ("FedDifRC, PCA per client", {"method": "feddifrc", "feddifrc.pca-fit": "client"}),
     "feddifrc-tau0.5": ("FedDifRC, tau 0.5", {"method": "feddifrc", "feddifrc.tau": 0.5}),
     "feddifrc-dynamic": ("FedDifRC, dynamic condition", {"method": "feddifrc", "feddifrc.dynamic-condition": 0.5}),
-    # issue 26 item 3: the remaining differences from the paper and the official code, one row each
+    # the remaining differences from the paper and the official code, one row each
     "feddifrc-t261": ("FedDifRC, t 261 (official code)", {"method": "feddifrc", "feddifrc.t": 261}),
     "feddifrc-lambda0.1": ("FedDifRC, both weights 0.1", {"method": "feddifrc", "feddifrc.lambda-tdcl": 0.1,
                                                          "feddifrc.lambda-ndcr": 0.1}),
@@ -77,7 +77,7 @@ METHODS = {
 DEFAULT_METHODS = ("fedavg", "fedprox", "moon", "tdcl", "ndcr", "feddifrc")
 # each ablation row is also read against the default row whose one choice it flips, same seeds
 ABLATION_OF = {m: ("ndcr" if m.startswith("ndcr") else "feddifrc") for m in METHODS if m not in DEFAULT_METHODS}
-DEFAULT_SPLITS = ("a0.05", "a0.1", "a0.5", "path")  # issue 26: alpha 0.05, 0.1, 0.5 and 2 classes per client
+DEFAULT_SPLITS = ("a0.05", "a0.1", "a0.5", "path")  # alpha 0.05, 0.1, 0.5 and 2 classes per client
 # The paper's CIFAR-10 table (ResNet-10, SD-2.1, 10 clients, 50 rounds): NID1 = Dirichlet alpha, NID2 = pathological.
 PAPER = {
     "FedAvg": {"a0.05": 78.27, "a0.2": 84.65, "a0.5": 86.11, "path": 72.60},

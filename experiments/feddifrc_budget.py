@@ -1,4 +1,4 @@
-"""`python -m experiments feddifrc-budget`: the FedAvg budget at which FedDifRC's table is read (issue 26).
+"""`python -m experiments feddifrc-budget`: the FedAvg budget at which FedDifRC's table is read.
 
 FedAvg on mnist-5k (28 px, 10 clients, 5 sampled a round, Dirichlet alpha 0.5 or --split; the classifier recipe of
 docs/recipe.md; lr 0.02, batch 16; fraction-evaluate 0: the server's global test accuracy) for each of

@@ -1,4 +1,4 @@
-"""`python -m experiments feddifrc-signal`: how much class signal FedDifRC's diffusion targets carry (issue 26 item 3).
+"""`python -m experiments feddifrc-signal`: how much class signal FedDifRC's diffusion targets carry.
 
 TDCL pulls a client's embedding z_i toward F~_{i,y} (its image under its own class prompt) and away from
 F~_{i,c} (the same image under the other class prompts). That only teaches the classes where the prior's

@@ -1,4 +1,4 @@
-"""One leaderboard (issue 32): every method on the same clients, accuracy against bytes uploaded and time.
+"""One leaderboard: every method on the same clients, accuracy against bytes uploaded and time.
 
     python -m experiments leaderboard --dataset mnist-styles --partitioner domain --seeds 0,1,2
     python -m experiments leaderboard --dataset mnist-5k --partitioner dirichlet --alpha 0.1 --seeds 0,1,2
@@ -46,7 +46,7 @@ from fedapp.results import atomic_write_json, save_png
 # name -> run-config keys; the partition, seed and the setting's budgets come from SETTINGS
 ENTRIES = {
     "Espresso": {"method": "espresso"},  # the default run's settings
-    # the paper's setting as issue 30's table runs it: Z-sampling at 25 steps (>= 5 zigzags)
+    # the paper's setting as Espresso's own table runs it: Z-sampling at 25 steps (>= 5 zigzags)
     "Espresso (paper)": {"method": "espresso", "espresso.steps": 25},
     "Prompts-only": {"method": "prompts"},
     "class-embed": {"method": "class-embed"},

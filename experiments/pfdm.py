@@ -43,7 +43,7 @@ TABLE_METHODS = ("centralized-ddpm", "fedavg-ddpm", "local-only", "dpdm", "pfdm"
 # Ablation rows (--methods): pfdm with one of its documented choices switched, each against the pfdm row
 VARIANTS = {"pfdm-algorithm2": {"method": "pfdm", "pfdm.shared": "algorithm2"},
             "pfdm-private-all": {"method": "pfdm", "pfdm.private-levels": "all"}}
-# A positive control for the attacks (issue 27 item 4): a deliberately memorising, non-private model, so
+# A positive control for the attacks: a deliberately memorising, non-private model, so
 # that "membership inference at chance" on the released models is evidence and not an attack without power:
 # centralized-ddpm on 3 images per class per client, 4,000 steps (~1,300 epochs at batch 64 on 4 x ~24 images).
 CONTROLS = {"memorising-ddpm": {"method": "centralized-ddpm", "partitioner.per-class": 3, "pfdm.shared-steps": 4000}}

@@ -1,4 +1,4 @@
-"""`python -m experiments pfdm-budget`: the denoiser budget at which PFDM's table is read (issue 27 item 1).
+"""`python -m experiments pfdm-budget`: the denoiser budget at which PFDM's table is read.
 
 centralized-ddpm, the table's oracle, on the table's data (experiments/pfdm.py's config: colored-mnist, the
 minority partitioner, 4 clients, every client's shard pooled), trained in one continuous run to the last of

@@ -1,4 +1,4 @@
-"""PFDM's hand-over at t0 (issue 27 item 2): `python -m experiments pfdm-handover [--trained-steps 300,1000,3000]`.
+"""PFDM's hand-over at t0: `python -m experiments pfdm-handover [--trained-steps 300,1000,3000]`.
 
 Does z_w deliver, at level t0, the marginal the private models expect (a real release of the data)? Scored
 by strategies.pfdm.t0_match_figures: the energy ratio of z_w's level-t0 samples to a real release (test

@@ -172,7 +172,7 @@ def check_nodes(cfg: RunConfig, num_nodes: int) -> None:
 def sample_size_problem(cfg: RunConfig, num_nodes: int) -> str | None:
     """Why a fraction below 1 would not apply on `num_nodes` nodes, or None. Flower's FedAvg samples
     max(int(nodes x fraction), min-clients), so a smaller share is silently replaced by min-clients
-    (min-clients = nodes made a 0.5 run train every node every round, issue 32's first Dirichlet cells)."""
+    (min-clients = nodes made a 0.5 run train every node every round, as it once did in the leaderboard)."""
     if not cfg.spec.samples_clients:
         return None
     for key, value in (("fraction-train", cfg.fraction_train), ("fraction-evaluate", cfg.fraction_evaluate)):

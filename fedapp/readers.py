@@ -30,7 +30,7 @@ from fedapp.models.classifier import SmallCNN, accuracy, train_classifier
 log = logging.getLogger("fedapp")
 
 LABEL = "label"  # the class label (a Split's y); any other attribute names one of a Split's attrs
-THRESHOLDS = {"color": 0.99, "domain": 0.95}  # held-out accuracy a reader needs (issues 24, 30)
+THRESHOLDS = {"color": 0.99, "domain": 0.95}  # held-out accuracy a reader needs
 DEFAULT_THRESHOLD = 0.97  # digit and class readers
 CACHE_ENV = "FEDAPP_READER_CACHE"  # overrides <cache home>/readers (the tests point it at a tmp dir)
 

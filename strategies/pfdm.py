@@ -42,7 +42,7 @@ from strategies.pfdm_attacks import attacks
 log = logging.getLogger("fedapp")
 
 
-HANDOVER_ENERGY_TOL = 0.05  # issue 27: z_w's level-t0 samples carry 1.00 +- 0.05 of a real release's energy
+HANDOVER_ENERGY_TOL = 0.05  # z_w's level-t0 samples carry 1.00 +- 0.05 of a real release's energy
 HANDOVER_KID_SPREAD = 3.0  # ... and a KID no further above the reference mean than this many of its stds
 HANDOVER_REFERENCES = 5  # releases of held-out images whose KIDs give the reference mean and spread
 

@@ -1,4 +1,4 @@
-"""One client against the server (issue 12): every way found to crash a run or steer it is stopped by
+"""One client against the server: every way found to crash a run or steer it is stopped by
 the validation gate (fedapp/server/validation.py, fedapp/server/grid.py's partition claims).
 
 Each case runs FedAvg on digits in process (3 clients, min-clients 2, 1 round, 1 local epoch); the

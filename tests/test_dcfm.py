@@ -340,7 +340,7 @@ def test_toy_dcfm_a_aligns_the_experts_unconditional_fields_and_fedflow_misses_t
     res = run_toy(methods=("fedflow", "dcfm-a"), samples=256)
     # eq. 13's routes with r_0 = a peer pull each expert's unconditional field onto the others'. Measured
     # relative gap on the clients' paths: ~0.45 after Stage I; after Stage II < 0.01 with sequential rounds
-    # (the default), 0.12-0.49 with the paper's allgather and 0.22 with the code before issue 17, where the
+    # (the default), 0.12-0.49 with the paper's allgather and 0.22 with an earlier peer loss, where the
     # simultaneous rounds swap the experts' fields instead of aligning them (docs/dcfm.md)
     assert res["uncond_gap_stage1"] > 0.2 and res["uncond_gap"] < 0.05, res
     share = res["mode_share"]

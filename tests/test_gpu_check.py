@@ -1,4 +1,4 @@
-"""The GPU check's CPU dry run (issue 31 item 3): the same script a bare GPU box runs, so it cannot rot."""
+"""The GPU check's CPU dry run: the same script a bare GPU box runs, so it cannot rot."""
 
 import json
 import sys

@@ -1,4 +1,4 @@
-"""PFDM's hand-over at t0 (issue 27 item 2): the check passes a z_w that is the exact denoiser of the
+"""PFDM's hand-over at t0: the check passes a z_w that is the exact denoiser of the
 uploads and fails a shifted one; the samplers pfdm.handover offers, scored with that exact denoiser; the
 bounded DDIM step is diffusers' DDIM with `use_clipped_model_output`; the bounds hold the data they claim.
 

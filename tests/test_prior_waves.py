@@ -1,4 +1,4 @@
-"""The prior reaches each machine about once (fedapp.server.prior_waves, issue 31 item 5)."""
+"""The prior reaches each machine about once (fedapp.server.prior_waves)."""
 
 import pytest
 

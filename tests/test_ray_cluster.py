@@ -1,4 +1,4 @@
-"""Simulation beyond one Ray node (issue 31 items 1 and 2): a run on a two-node Ray cluster, a worker
+"""Simulation beyond one Ray node: a run on a two-node Ray cluster, a worker
 node lost mid-run, and clients sharing a (virtual) GPU in fractions.
 
 The cluster is Ray's own test cluster (`ray.cluster_utils.Cluster`): it starts the processes that

@@ -213,7 +213,7 @@ def shared_sample(shared, y: torch.Tensor, t0: int, mode: str, steps: int, gener
     relative mode; 0 in algorithm2 mode, whose data are the uploads x~, so its output already is at level
     t0 (and its x0 estimate is not clamped to [-1, 1], which x~ is not confined to).
     handover (pfdm.handover): auto = AUTO_HANDOVER[mode]; ddim = deterministic DDIM over `steps` levels
-    with the raw eps (the tables before issue 27); bounded = the same with the x0 estimate projected onto
+    with the raw eps (the earliest PFDM tables); bounded = the same with the x0 estimate projected onto
     the range the data are known to lie in (handover_bound) and eps re-derived from it; ancestral =
     bounded, sampled ancestrally through every level (`steps` unused). With an exact denoiser, strided DDIM
     loses energy where the data are near-isotropic (algorithm2's uploads: a level-0 energy ratio of 0.84

@@ -1,5 +1,5 @@
 """Tiny priors packaged with fedapp, so that a fresh machine runs the default experiment without
-first spending minutes building its prior (issue 29, item 5).
+first spending minutes building its prior.
 
 A packaged prior is a copy of a built cache folder, kept under `packaged/<cache folder name>/`: its weights
 stored in float16 (half the bytes; `from_pretrained` loads them back into the float32 modules), its
