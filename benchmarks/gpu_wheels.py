@@ -101,7 +101,7 @@ def download_command(specs: list[str], out: Path, python_version: str) -> list[s
 def write_wheels(pins: dict[str, str], out: Path, python_version: str) -> None:
     """Fetch the pinned wheels into `out`, first removing the wheels an earlier run left there: pip keeps a file
     it finds, so a wheel of another version or platform tag would sit beside the new one and the box's
-    `pip install` refuses two wheels of one distribution (seen on the H200, session 23: cryptography
+    `pip install` refuses two wheels of one distribution (seen on an H200: cryptography
     manylinux_2_28 beside manylinux_2_34)."""
     out.mkdir(parents=True, exist_ok=True)
     for stale in [*out.glob("*.whl"), *out.glob("part-*/*.whl")]:

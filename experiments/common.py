@@ -78,7 +78,7 @@ def check_configs(configs: list[dict[str, Any]], num_clients: int) -> None:
 
 def stopped_run(flat: dict[str, Any], num_clients: int) -> str | None:
     """The folder of a stopped run of this very config (a resumable method's, with a checkpoint, not
-    completed: cut by a session's end, killed, or its federation went down), for `run` to continue from
+    completed: cut by a time limit, killed, or its federation went down), for `run` to continue from
     its last round; None to start the run afresh."""
     from fedapp.config import ConfigError
     from fedapp.simulation import resolve_run_config
@@ -103,7 +103,7 @@ def run(flat: dict[str, Any], num_clients: int, backend: str, reply_cache: Any =
     simulation); "inprocess": `fedapp.simulation.simulate_in_process` (same server, clients served in
     this process, replies reused through `reply_cache` where the clients' work repeats). A stopped run of
     the same config continues from its last round (stopped_run; fedapp's `resume`, exact: the same client
-    samples and seeds per round), so a cell cut by a session's end loses at most a round."""
+    samples and seeds per round), so a cell cut by a time limit loses at most a round."""
     stopped = stopped_run(flat, num_clients)
     if stopped:
         print(f"continuing {stopped} from its last checkpoint", flush=True)

@@ -27,7 +27,7 @@ batch-size. Runs go through fedapp.simulation.simulate_in_process (default; --ba
 with --threads torch threads (default: the cores available); in-process, a (seed, split)'s rows share one
 ReplyCache, so DCFM-B reuses DCFM-A's Stage-I experts and local-only-flow DDM's (the same plain Stage I;
 `client_calls_reused` per row) instead of training them again; the cache keeps them on disk under
-<runs>/reply-cache, so a table resumed in a later session does not train them again either.
+<runs>/reply-cache, so a table resumed later does not train them again either.
 """
 
 from __future__ import annotations

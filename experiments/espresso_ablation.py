@@ -23,7 +23,7 @@ image grids read the synthetic set each run writes (espresso.save-synthetic: syn
 Resuming (--resume): seeds already in the JSON are skipped, and within a seed every row that finished
 before a stop is read back from <out>/rows/ (its figures, named by a digest of the row's whole run config
 but its out-dir, and the readers' settings; committed beside the table's JSON, so a seed longer than a
-session, or cut on one machine, continues on another and loses at most the row it was running).
+machine's time slot, or cut on one machine, continues on another and loses at most the row it was running).
 --reader-seed N trains the two readers once, with seed N, before the seeds start, for every seed of the
 table (a fixed instrument, as FID's Inception network is; at 28 px a reader trains on 17,000 images);
 without it each seed trains its own.

@@ -115,7 +115,7 @@ def last_mean(curve: list[float]) -> float:
     return 100 * float(np.mean(curve[-LAST:]))
 
 
-DIP_BAR = 0.90  # a round reading below this after the model has learned is a dip (session 22's path curves)
+DIP_BAR = 0.90  # a round reading below this after the model has learned is a dip (as on the path split's curves)
 
 
 def second_half(curve: list[float]) -> dict[str, float | int]:

@@ -62,7 +62,7 @@ BASELINE = "FedAvg"  # every entry's same-seed accuracy difference is against it
 SETTINGS = {
     # Espresso's tables (docs/espresso.md): 4 clients, one style each, 16 images a class; FedAvg reference
     # 30 rounds (espresso-ablation --fedavg-rounds). The prior is the latent tiny-sd of every style (Espresso's
-    # defaults on the pixel `tiny` prior of mnist-styles reached 34.8 % global accuracy, seed 0, session 19),
+    # defaults on the pixel `tiny` prior of mnist-styles reached 34.8 % global accuracy, seed 0),
     # and every entry reads the same 32 px images: image-size pinned, not the dataset's native 28 px.
     "domain": {"clients": 4, "data": {"partitioner.name": "domain", "partitioner.per-class": 16,
                                       "prior": "tiny-sd", "image-size": 32},
