@@ -108,7 +108,8 @@ def cell_config(a: argparse.Namespace, entry: str, seed: int) -> dict[str, Any]:
     """One cell's run config: the setting's partition and seed, the entry's method at its budget."""
     setting = SETTINGS[a.partitioner]
     flat = {"dataset": a.dataset, **setting["data"], "seed": seed, "min-clients": setting["clients"],
-            "device": "cpu", "out-dir": a.runs, "run-name": f"{slug(entry)}-s{seed}", **ENTRIES[entry],
+            "device": "cpu", "out-dir": str(Path(a.runs) / setting_name(a)),  # both settings share one --runs
+            "run-name": f"{slug(entry)}-s{seed}", **ENTRIES[entry],
             "log.uploads": True}  # what each client sent, for the privacy audit (no figure depends on it)
     if a.partitioner == "dirichlet":
         flat["partitioner.alpha"] = a.alpha

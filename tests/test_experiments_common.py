@@ -675,6 +675,21 @@ def test_leaderboard_round_cells_train_their_fraction_of_the_clients_and_pass_pr
     assert cell_config(a, "FedAvg", 0)["min-clients"] == 2  # an explicit override stays
 
 
+def test_leaderboard_settings_sharing_one_runs_folder_run_in_folders_of_their_own():
+    """The two documented settings take the same --runs: a cell of one must never meet the other's run folder
+    (ensure_run refuses a folder that holds another run config); the folder moves no cell's digest."""
+    from experiments.leaderboard import cell_config, cell_file, parser
+
+    styles = parser().parse_args(["--dataset", "mnist-styles", "--partitioner", "domain", "--runs", "r"])
+    mnist = parser().parse_args(["--dataset", "mnist-5k", "--partitioner", "dirichlet", "--alpha", "0.1",
+                                 "--runs", "r"])
+    a, b = cell_config(styles, "FedAvg", 0), cell_config(mnist, "FedAvg", 0)
+    assert a["run-name"] == b["run-name"] == "fedavg-s0"
+    assert Path(a["out-dir"]).parent == Path(b["out-dir"]).parent == Path("r")
+    assert a["out-dir"] != b["out-dir"]
+    assert cell_file(Path("c"), a) == cell_file(Path("c"), {**a, "out-dir": "elsewhere"})
+
+
 def test_leaderboard_cell_figures_leave_the_final_evaluation_out_of_the_methods_cost():
     from experiments import leaderboard
     from experiments.leaderboard import figures, summarise
