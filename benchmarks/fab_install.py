@@ -38,12 +38,13 @@ def quiet():
 
 
 def bundles() -> dict[str, bytes]:
-    """{name: FAB bytes}: the app's (pyproject's fab-include) and the whole project's (no fab rules)."""
+    """{name: FAB bytes}: the app's (pyproject's fab-include) and the whole project's (no fab rules) less
+    docs/results/, the measured tables, whose JSON alone takes Flower's default bundle past its 10 MB limit."""
     import tomli_w
     from flwr.cli.build import build_fab_from_disk, build_fab_from_files
     from flwr.cli.utils import collect_files
 
-    files: dict = collect_files(ROOT)
+    files: dict = {k: v for k, v in collect_files(ROOT).items() if not str(k).startswith("docs/results/")}
     config = tomllib.loads((ROOT / "pyproject.toml").read_text())
     for key in ("fab-include", "fab-exclude"):
         config["tool"]["flwr"]["app"].pop(key, None)
