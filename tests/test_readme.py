@@ -57,6 +57,16 @@ def test_flwr_refuses_the_nested_key_the_readme_once_used():
         _as_flwr_run_reads_it("num-supernodes=4 backend.client-resources.num-cpus=1")
 
 
+# the docs' placeholders, each with a value a command can run with
+PLACEHOLDERS = {"<run dir>": "runs/x", "<name>": "digits", "<run-id>": "1", "min-clients=M": "min-clients=2"}
+
+
+def _filled(text: str) -> str:
+    for k, v in PLACEHOLDERS.items():
+        text = text.replace(k, v)
+    return text
+
+
 def _run_configs() -> list[tuple[str, dict, int]]:
     """(page, run config, number of nodes) of every `flwr run` line in the code of README.md and docs/*.md (on
     Flower's default 2 nodes where the line sets none), and of every inline `--run-config "..."` of the README
@@ -65,7 +75,7 @@ def _run_configs() -> list[tuple[str, dict, int]]:
     for page, text in {"README.md": README, **DOCS}.items():
         for line in _code_lines(text):
             if "flwr run" in line:
-                rc = re.search(r'--run-config "([^"]+)"', line.replace("min-clients=M", "min-clients=2"))
+                rc = re.search(r'--run-config "([^"]+)"', _filled(line))
                 fc = re.search(r'--federation-config "([^"]+)"', line)
                 nodes = parse_config_args([fc.group(1)])["num-supernodes"] if fc else 2
                 out.append((page, parse_config_args([rc.group(1)]) if rc else {}, nodes))
@@ -99,14 +109,11 @@ class _Parsed(Exception):
 def _module_commands() -> list[tuple[str, str, list[str]]]:
     """(page, module, args) of every `python -m <module> ...` in README.md and docs/*.md, the README's placeholders
     filled; a synopsis with optional parts (`[--flag]`, `...`, `<value>`) is not a command and is left out."""
-    fill = {"<run dir>": "runs/x", "<name>": "digits", "<run-id>": "1"}
     out = []
     for page, text in {"README.md": README, **DOCS}.items():
         for line in _code_lines(text):
             for m in re.finditer(r"python -m ([\w.]+)((?:\s+(?!&&|\||;|>)\S+)*)", line):
-                args = m.group(2)
-                for k, v in fill.items():
-                    args = args.replace(k, v)
+                args = _filled(m.group(2))
                 synopsis = any(mark in args for mark in ("[", "...", "…", "<"))  # usage notation, not a command
                 if m.group(1) not in ("pytest", "pip", "venv") and not synopsis:
                     out.append((page, m.group(1), [a.strip("'\"") for a in args.split()]))
