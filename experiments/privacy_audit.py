@@ -63,6 +63,7 @@ PFDM_TABLE = {"image-size": 8, "partitioner.per-class": 0, "pfdm.local-steps": 4
               "pfdm.sample-steps": 40}
 CONTROL_OVERFIT = "Overfitted classifier (control)"
 CONTROL_SAME = "Same distribution (control)"
+CONTROL_TRAINING = "members alone"  # what the overfitted control trains on: in its cells' digest, not the entries'
 SCALES = ("tiny", "leaderboard")
 
 
@@ -190,25 +191,29 @@ def audit_run(run_dir: Path, settings: dict[str, Any], seed: int) -> dict[str, A
 
 
 def controls(view: T.RunView, settings: dict[str, Any], seed: int) -> dict[str, dict[str, Any]]:
-    """The overfitted-classifier control (client 0's training split, `overfit_epochs` local epochs: loss and
-    likelihood-ratio attacks as on an upload) and, with the same model, the no-member control: every client's
-    non-members pooled and split at random into two halves, one called members (no member at all: chance)."""
+    """The overfitted-classifier control (trained on client 0's member sample alone for `overfit_epochs` local
+    epochs, so that every member is a training image and no other image is; loss and likelihood-ratio attacks as
+    on an upload; its accuracy on members and non-members, the generalisation gap the attacks read) and, with
+    the same model, the no-member control: every client's non-members pooled and split at random into two
+    halves, one called members (no member at all: chance)."""
     import torch
 
     from fedapp.audit.scores import classifier_loss_scores
+    from fedapp.models.classifier import accuracy
 
     cands = T.candidates(view, settings["cap"], seed)
     mem, non = cands[0]
-    train = T.all_shards(view)[0].train
-    model, start = T.overfit_model(view, train, settings["overfit_epochs"], seed)
+    model, start = T.overfit_model(view, mem, settings["overfit_epochs"], seed)
     loss = (classifier_loss_scores(model, mem.x, mem.y), classifier_loss_scores(model, non.x, non.y))
-    lira = T.lira_scores(view, model, start, train, mem, non, settings["shadows"], seed, settings["overfit_epochs"])
+    lira = T.lira_scores(view, model, start, mem, mem, non, settings["shadows"], seed, settings["overfit_epochs"])
+    gap = {"member_accuracy": accuracy(model, mem.x.float(), mem.y),
+           "nonmember_accuracy": accuracy(model, non.x.float(), non.y)}
     x, y = torch.cat([n.x for _, n in cands.values()]), torch.cat([n.y for _, n in cands.values()])
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))
     a, b = order[:len(y) // 2], order[len(y) // 2:2 * (len(y) // 2)]
     same = (classifier_loss_scores(model, x[a], y[a]), classifier_loss_scores(model, x[b], y[b]))
     fig = lambda s: figures_of({0: s}, seed, settings["resamples"])  # noqa: E731
-    return {CONTROL_OVERFIT: {"attacks": {"upload/loss": fig(loss), "upload/lira": fig(lira)}},
+    return {CONTROL_OVERFIT: {"attacks": {"upload/loss": fig(loss), "upload/lira": fig(lira)}, **gap},
             CONTROL_SAME: {"attacks": {"upload/loss": fig(same)}}}
 
 
@@ -420,7 +425,8 @@ def main(argv: list[str]) -> None:
     failed: dict[str, str] = {}
     for entry, seed, flat, clients in plan:
         names = (CONTROL_OVERFIT, CONTROL_SAME) if entry == CONTROL_OVERFIT else (entry,)
-        paths = {n: cell_file(cells_dir, f"{L.slug(n)}-s{seed}", flat, settings) for n in names}
+        facts = {**settings, "control": CONTROL_TRAINING} if entry == CONTROL_OVERFIT else settings
+        paths = {n: cell_file(cells_dir, f"{L.slug(n)}-s{seed}", flat, facts) for n in names}
         if all(p.is_file() for p in paths.values()):
             for n, p in paths.items():
                 cells.setdefault(n, {})[str(seed)] = json.loads(p.read_text())["figures"]

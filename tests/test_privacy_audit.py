@@ -93,6 +93,29 @@ def test_the_overfitted_control_leaks_and_the_no_member_control_does_not(tmp_pat
     assert leak["upload/loss"]["mia_auc"]["low"] > none["high"]
 
 
+def test_the_overfitted_control_trains_on_the_attacked_members_alone(tmp_path, one_torch_thread, monkeypatch):
+    """With the member sample capped below the client's training split, the control's model sees exactly the
+    members (a digit classifier trained on more of the client's images generalises to its held-out ones and
+    gives the attacks nothing to read), and the control reports the accuracy gap the attacks read."""
+    from experiments import audit_targets as T
+    from experiments.privacy_audit import CONTROL_OVERFIT, controls
+    from fedapp.config import parse_run_config
+
+    flat = {"method": "fedavg", "dataset": "digit-styles", "partitioner.name": "domain", "partitioner.per-class": 4,
+            "image-size": 16, "min-clients": 4, "device": "cpu", "seed": 0}
+    view = T.RunView(tmp_path, flat, parse_run_config(flat), 4)
+    seen, real = [], T.overfit_model
+    monkeypatch.setattr(T, "overfit_model", lambda v, train, *a: seen.append(train) or real(v, train, *a))
+    got = controls(view, {"cap": 10, "shadows": 2, "overfit_epochs": 5, "resamples": 50}, seed=0)
+    members, _ = T.candidates(view, 10, 0)[0]
+    assert len(T.all_shards(view)[0].train) == 40 and len(seen) == 1
+    assert torch.equal(seen[0].x, members.x) and torch.equal(seen[0].y, members.y)
+    figs = got[CONTROL_OVERFIT]
+    assert figs["attacks"]["upload/loss"]["members"] == 10
+    assert 0.0 <= figs["nonmember_accuracy"] <= 1.0 and 0.0 <= figs["member_accuracy"] <= 1.0
+    assert figs["member_accuracy"] > figs["nonmember_accuracy"]  # 10 images, 5 epochs: the gap is there
+
+
 def test_a_shadow_set_is_public_images_of_the_clients_class_counts_and_domain():
     from experiments.audit_targets import shadow_set
     from feddata.types import Split
