@@ -153,6 +153,19 @@ def pooled_near_copies(per_client: dict[int, dict[str, Any]]) -> dict[str, Any]:
             "generated": gen, "member_distances": d_mem, "nonmember_distances": d_non}
 
 
+DISTANCES = ("member_distances", "nonmember_distances")  # kept in the cell files, not in the setting's JSON
+
+
+def without_distances(cells: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, dict[str, Any]]]:
+    """The cells as the setting's JSON keeps them: every figure, not the per-image distances (megabytes a
+    setting; the cell files under <out>/cells/ keep them, and the plot reads them from there)."""
+    def lean(c: dict[str, Any]) -> dict[str, Any]:
+        if "reconstruction" not in c:
+            return c
+        return {**c, "reconstruction": {k: v for k, v in c["reconstruction"].items() if k not in DISTANCES}}
+    return {e: {s: lean(c) for s, c in by.items()} for e, by in cells.items()}
+
+
 def audit_run(run_dir: Path, settings: dict[str, Any], seed: int) -> dict[str, Any]:
     """Every attack on one finished run: {"attacks": {"<threat>/<attack>": figures}, "reconstruction": ...}."""
     from fedapp.audit.reconstruction import near_copy_figures
@@ -308,7 +321,7 @@ def write_outputs(a: argparse.Namespace, argv: list[str], setting: str, cells: d
     atomic_write_json(out / f"audit_{setting}.json",
                       {"setting": setting, "scale": a.scale, "seeds": a.seeds, "set": a.set,
                        "settings": audit_settings(a), "summary": summary, "leaderboard": board, "pareto": front,
-                       "cells": cells, "failed_cells": failed, "table_markdown": text})
+                       "cells": without_distances(cells), "failed_cells": failed, "table_markdown": text})
     plot(board, front, cells, out / f"audit_{setting}.png", setting)
     command = "python -m experiments privacy-audit " + " ".join(L.shown_options(argv))
     block = f"### {setting}\n\n`{command}`\n\n{text}"

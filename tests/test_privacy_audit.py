@@ -197,3 +197,27 @@ def test_the_leaderboard_reads_the_strongest_attack_per_cell_and_marks_its_front
     got = with_attack_auc(cells, audit)
     assert got["FedAvg"]["0"][AUC] == 0.8 and AUC not in got["FedAvg"]["1"] and AUC not in got["Espresso"]["0"]
     assert with_attack_auc(cells, tmp_path / "none.json") is cells  # not audited: the table reads —
+
+
+def test_the_settings_json_keeps_every_figure_but_not_the_distances_the_cell_files_hold(tmp_path):
+    import argparse
+    import json
+
+    from experiments.privacy_audit import figures_of, pooled_near_copies, write_outputs
+
+    members, nonmembers = _features(30, 0), _features(30, 1)
+    generated = torch.cat([members[:5], _features(25, 2)])
+    recon = pooled_near_copies({0: near_copy_figures(generated, members, nonmembers)})
+    scores = {0: (nearest_scores(members, generated), nearest_scores(nonmembers, generated))}
+    cells = {"Espresso": {"0": {"attacks": {"upload/nearest": figures_of(scores, 0, 50)}, "reconstruction": recon}}}
+    doc = tmp_path / "privacy.md"
+    doc.write_text("# page\n")
+    a = argparse.Namespace(out=str(tmp_path / "out"), scale="tiny", seeds="0", set=[], cap=200, shadows=4,
+                           overfit_epochs=60, resamples=50, doc=str(doc))
+    write_outputs(a, [], "s-tiny", cells, {})
+    kept = json.loads((tmp_path / "out" / "audit_s-tiny.json").read_text())["cells"]["Espresso"]["0"]
+    assert "member_distances" not in kept["reconstruction"] and "nonmember_distances" not in kept["reconstruction"]
+    assert kept["reconstruction"]["near_copy_share"] == recon["near_copy_share"] >= 5 / 30  # the planted copies
+    assert kept["attacks"] == json.loads(json.dumps(cells["Espresso"]["0"]["attacks"]))
+    assert len(cells["Espresso"]["0"]["reconstruction"]["member_distances"]) == 30  # the cell itself is untouched
+    assert (tmp_path / "out" / "audit_s-tiny.png").stat().st_size > 0 and "privacy-audit:s-tiny" in doc.read_text()
