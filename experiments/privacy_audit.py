@@ -204,22 +204,24 @@ def audit_run(run_dir: Path, settings: dict[str, Any], seed: int) -> dict[str, A
 
 
 def controls(view: T.RunView, settings: dict[str, Any], seed: int) -> dict[str, dict[str, Any]]:
-    """The overfitted-classifier control (trained on client 0's member sample alone for `overfit_epochs` local
-    epochs, so that every member is a training image and no other image is; loss and likelihood-ratio attacks as
-    on an upload; its accuracy on members and non-members, the generalisation gap the attacks read) and, with
-    the same model, the no-member control: every client's non-members pooled and split at random into two
-    halves, one called members (no member at all: chance)."""
+    """The overfitted-classifier control (trained for `overfit_epochs` local epochs on the member sample alone of
+    the client with the most members (the first on ties), so that every member is a training image and no other
+    image is, and its interval is the tightest a client gives; loss and likelihood-ratio attacks as on an
+    upload; its accuracy on members and non-members, the generalisation gap the attacks read) and, with the same
+    model, the no-member control: every client's non-members pooled and split at random into two halves, one
+    called members (no member at all: chance)."""
     import torch
 
     from fedapp.audit.scores import classifier_loss_scores
     from fedapp.models.classifier import accuracy
 
     cands = T.candidates(view, settings["cap"], seed)
-    mem, non = cands[0]
+    client = max(cands, key=lambda pid: len(cands[pid][0]))
+    mem, non = cands[client]
     model, start = T.overfit_model(view, mem, settings["overfit_epochs"], seed)
     loss = (classifier_loss_scores(model, mem.x, mem.y), classifier_loss_scores(model, non.x, non.y))
     lira = T.lira_scores(view, model, start, mem, mem, non, settings["shadows"], seed, settings["overfit_epochs"])
-    gap = {"member_accuracy": accuracy(model, mem.x.float(), mem.y),
+    gap = {"client": client, "member_accuracy": accuracy(model, mem.x.float(), mem.y),
            "nonmember_accuracy": accuracy(model, non.x.float(), non.y)}
     x, y = torch.cat([n.x for _, n in cands.values()]), torch.cat([n.y for _, n in cands.values()])
     order = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))

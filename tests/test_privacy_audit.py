@@ -111,7 +111,7 @@ def test_the_overfitted_control_trains_on_the_attacked_members_alone(tmp_path, o
     assert len(T.all_shards(view)[0].train) == 40 and len(seen) == 1
     assert torch.equal(seen[0].x, members.x) and torch.equal(seen[0].y, members.y)
     figs = got[CONTROL_OVERFIT]
-    assert figs["attacks"]["upload/loss"]["members"] == 10
+    assert figs["attacks"]["upload/loss"]["members"] == 10 and figs["client"] == 0  # equally many: the first
     assert 0.0 <= figs["nonmember_accuracy"] <= 1.0 and 0.0 <= figs["member_accuracy"] <= 1.0
     assert figs["member_accuracy"] > figs["nonmember_accuracy"]  # 10 images, 5 epochs: the gap is there
 
@@ -221,3 +221,25 @@ def test_the_settings_json_keeps_every_figure_but_not_the_distances_the_cell_fil
     assert kept["attacks"] == json.loads(json.dumps(cells["Espresso"]["0"]["attacks"]))
     assert len(cells["Espresso"]["0"]["reconstruction"]["member_distances"]) == 30  # the cell itself is untouched
     assert (tmp_path / "out" / "audit_s-tiny.png").stat().st_size > 0 and "privacy-audit:s-tiny" in doc.read_text()
+
+
+def test_the_overfitted_control_is_built_on_the_client_with_the_most_members(tmp_path, one_torch_thread,
+                                                                              monkeypatch):
+    """Under a skewed partition client 0 may hold a handful of images (8 members on mnist-5k at alpha 0.1, seed
+    1): the control takes the client whose member sample is the largest."""
+    from experiments import audit_targets as T
+    from experiments.privacy_audit import CONTROL_OVERFIT, controls
+    from fedapp.config import parse_run_config
+
+    flat = {"method": "fedavg", "dataset": "digit-styles", "partitioner.name": "domain", "partitioner.per-class": 4,
+            "image-size": 16, "min-clients": 4, "device": "cpu", "seed": 0}
+    view = T.RunView(tmp_path, flat, parse_run_config(flat), 4)
+    real = T.candidates(view, 20, 0)
+    skewed = {pid: (m.subset(torch.arange(6 if pid != 2 else 20)), n.subset(torch.arange(6 if pid != 2 else 20)))
+              for pid, (m, n) in real.items()}
+    monkeypatch.setattr(T, "candidates", lambda *a: skewed)
+    seen, fit = [], T.overfit_model
+    monkeypatch.setattr(T, "overfit_model", lambda v, train, *a: seen.append(train) or fit(v, train, *a))
+    got = controls(view, {"cap": 20, "shadows": 2, "overfit_epochs": 2, "resamples": 50}, seed=0)
+    assert got[CONTROL_OVERFIT]["client"] == 2 and torch.equal(seen[0].x, skewed[2][0].x)
+    assert got[CONTROL_OVERFIT]["attacks"]["upload/loss"]["members"] == 20
