@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import functools
 import json
+import shlex
 import statistics
 from pathlib import Path
 from typing import Any
@@ -392,6 +393,12 @@ def accuracy_panel(ax: Any, summary: dict[str, dict[str, Any]], front: dict[str,
     ax.grid(alpha=0.3)
 
 
+def shown_command(name: str, argv: list[str]) -> str:
+    """The command line a page shows for `python -m experiments <name>` run with argv: its shown_options,
+    shell-quoted (an empty value such as `--generative ""` stays an argument)."""
+    return f"{prog(name)} {shlex.join(shown_options(argv))}"
+
+
 def shown_options(argv: list[str]) -> list[str]:
     """The command's options without the ones that move no figure (where files go, torch threads) or no row (the
     table shows every entry's cells on disk, whichever --entries ran them): the page shows the command a reader
@@ -518,7 +525,7 @@ def write_outputs(a: argparse.Namespace, argv: list[str], configs: dict[tuple[st
                        "summary": summary, "pareto": front,
                        "cells": cells, "failed_cells": failed, "table_markdown": text})
     plot(summary, front, out / f"leaderboard_{setting}.png", setting)
-    command = "python -m experiments leaderboard " + " ".join(shown_options(argv))
+    command = shown_command("leaderboard", argv)
     block = f"### {setting}\n\n`{command}`\n\n{text}"
     png = out / f"leaderboard_{setting}.png"
     if png.resolve().is_relative_to(Path(a.doc).resolve().parent):  # the page shows the plot beside its table

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import shlex
 import statistics
 from pathlib import Path
 from typing import Any
@@ -326,7 +325,7 @@ def write_outputs(a: argparse.Namespace, argv: list[str], setting: str, cells: d
                        "settings": audit_settings(a), "summary": summary, "leaderboard": board, "pareto": front,
                        "cells": without_distances(cells), "failed_cells": failed, "table_markdown": text})
     plot(board, front, cells, out / f"audit_{setting}.png", setting)
-    command = "python -m experiments privacy-audit " + shlex.join(L.shown_options(argv))  # --generative "" shown
+    command = L.shown_command("privacy-audit", argv)
     block = f"### {setting}\n\n`{command}`\n\n{text}"
     if board:
         block += "\n\nThe same cells as a leaderboard (accuracy, bytes, time and the strongest attack's AUC):\n\n"
