@@ -74,15 +74,21 @@ def test_likelihood_ratio_ranks_by_how_far_above_its_shadows_a_candidate_sits():
         lira_offline(np.zeros(3), shadows[:1])
 
 
-def test_the_overfitted_control_leaks_and_the_no_member_control_does_not(tmp_path, one_torch_thread):
-    """The audit's control on a FedAvg config of its tiny setting (one style a client, 4 images a class)."""
+def _control_view(tmp_path):
+    """The controls' FedAvg config on the audit's tiny setting (one style a client, 4 images a class), unrun."""
     from experiments.audit_targets import RunView
-    from experiments.privacy_audit import CONTROL_OVERFIT, CONTROL_SAME, controls
     from fedapp.config import parse_run_config
 
     flat = {"method": "fedavg", "dataset": "digit-styles", "partitioner.name": "domain", "partitioner.per-class": 4,
             "image-size": 16, "min-clients": 4, "device": "cpu", "seed": 0}
-    view = RunView(tmp_path, flat, parse_run_config(flat), 4)
+    return RunView(tmp_path, flat, parse_run_config(flat), 4)
+
+
+def test_the_overfitted_control_leaks_and_the_no_member_control_does_not(tmp_path, one_torch_thread):
+    """The audit's control on a FedAvg config of its tiny setting (one style a client, 4 images a class)."""
+    from experiments.privacy_audit import CONTROL_OVERFIT, CONTROL_SAME, controls
+
+    view = _control_view(tmp_path)
     got = controls(view, {"cap": 60, "shadows": 2, "overfit_epochs": 30, "resamples": 300}, seed=0)
     leak = got[CONTROL_OVERFIT]["attacks"]
     none = got[CONTROL_SAME]["attacks"]["upload/loss"]["mia_auc"]
@@ -99,11 +105,8 @@ def test_the_overfitted_control_trains_on_the_attacked_members_alone(tmp_path, o
     gives the attacks nothing to read), and the control reports the accuracy gap the attacks read."""
     from experiments import audit_targets as T
     from experiments.privacy_audit import CONTROL_OVERFIT, controls
-    from fedapp.config import parse_run_config
 
-    flat = {"method": "fedavg", "dataset": "digit-styles", "partitioner.name": "domain", "partitioner.per-class": 4,
-            "image-size": 16, "min-clients": 4, "device": "cpu", "seed": 0}
-    view = T.RunView(tmp_path, flat, parse_run_config(flat), 4)
+    view = _control_view(tmp_path)
     seen, real = [], T.overfit_model
     monkeypatch.setattr(T, "overfit_model", lambda v, train, *a: seen.append(train) or real(v, train, *a))
     got = controls(view, {"cap": 10, "shadows": 2, "overfit_epochs": 5, "resamples": 50}, seed=0)
@@ -229,11 +232,8 @@ def test_the_overfitted_control_is_built_on_the_client_with_the_most_members(tmp
     1): the control takes the client whose member sample is the largest."""
     from experiments import audit_targets as T
     from experiments.privacy_audit import CONTROL_OVERFIT, controls
-    from fedapp.config import parse_run_config
 
-    flat = {"method": "fedavg", "dataset": "digit-styles", "partitioner.name": "domain", "partitioner.per-class": 4,
-            "image-size": 16, "min-clients": 4, "device": "cpu", "seed": 0}
-    view = T.RunView(tmp_path, flat, parse_run_config(flat), 4)
+    view = _control_view(tmp_path)
     real = T.candidates(view, 20, 0)
     skewed = {pid: (m.subset(torch.arange(6 if pid != 2 else 20)), n.subset(torch.arange(6 if pid != 2 else 20)))
               for pid, (m, n) in real.items()}
