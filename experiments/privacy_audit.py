@@ -235,10 +235,12 @@ def controls(view: T.RunView, settings: dict[str, Any], seed: int) -> dict[str, 
 # ---- summaries, page and plot -----------------------------------------------------------------------------------
 def summarise(cells: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
     """entry -> attack -> mean and std over seeds of the AUC and TPR at 1 % FPR, the mean of the seeds' interval
-    bounds, and of the near-copy share; the strongest attack's AUC as `attack_auc` {mean, std}."""
+    bounds, each seed's member count (seed order), and of the near-copy share; the strongest attack's AUC as
+    `attack_auc` {mean, std}."""
     out = {}
     for entry, by_seed in cells.items():
-        row: dict[str, Any] = {"seeds": sorted(by_seed, key=int), "attacks": {}}
+        by_seed = {s: by_seed[s] for s in sorted(by_seed, key=int)}
+        row: dict[str, Any] = {"seeds": list(by_seed), "attacks": {}}
         names = sorted({k for c in by_seed.values() for k in c.get("attacks", {})},
                        key=lambda k: (not k.startswith("upload/"), k))  # the upload's attacks first
         for name in names:
@@ -250,7 +252,7 @@ def summarise(cells: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str
                 "high": statistics.fmean(g["mia_auc"]["high"] for g in got),
                 "tpr_low": statistics.fmean(g["mia_tpr_at_1fpr"]["low"] for g in got),
                 "tpr_high": statistics.fmean(g["mia_tpr_at_1fpr"]["high"] for g in got),
-                "members": got[0]["members"], "fpr_step": got[0]["fpr_step"]}
+                "members": [g["members"] for g in got], "fpr_step": max(g["fpr_step"] for g in got)}
         recon = [c["reconstruction"] for c in by_seed.values() if "reconstruction" in c]
         if recon:
             row["near_copy_share"] = _over([r["near_copy_share"] for r in recon])
@@ -264,6 +266,12 @@ def summarise(cells: dict[str, dict[str, dict[str, Any]]]) -> dict[str, dict[str
             row["accuracy"] = _over([c["accuracy"] for c in by_seed.values() if "accuracy" in c])
         out[entry] = row
     return out
+
+
+def _member_counts(per_seed: list[int]) -> str:
+    """`n + n` where every seed attacks as many members, else each seed's `n + n` in seed order."""
+    counts = per_seed if len(set(per_seed)) > 1 else per_seed[:1]
+    return ", ".join(f"{n} + {n}" for n in counts)
 
 
 def _over(vals: list[float]) -> dict[str, float]:
@@ -287,7 +295,7 @@ def attack_table(summary: dict[str, dict[str, Any]]) -> str:
                          f"{ATTACK_NAMES[attack]} | {f['seeds']} | "
                          f"{f['mia_auc']['mean']:.3f} ± {f['mia_auc']['std']:.3f} | "
                          f"[{f['low']:.3f}, {f['high']:.3f}] | {100 * f['mia_tpr_at_1fpr']['mean']:.1f} % "
-                         f"[{100 * f['tpr_low']:.1f}, {100 * f['tpr_high']:.1f}] | {f['members']} + {f['members']} | "
+                         f"[{100 * f['tpr_low']:.1f}, {100 * f['tpr_high']:.1f}] | {_member_counts(f['members'])} | "
                          f"{copies} |")
     return "\n".join(lines)
 

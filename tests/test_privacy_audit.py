@@ -243,3 +243,19 @@ def test_the_overfitted_control_is_built_on_the_client_with_the_most_members(tmp
     got = controls(view, {"cap": 20, "shadows": 2, "overfit_epochs": 2, "resamples": 50}, seed=0)
     assert got[CONTROL_OVERFIT]["client"] == 2 and torch.equal(seen[0].x, skewed[2][0].x)
     assert got[CONTROL_OVERFIT]["attacks"]["upload/loss"]["members"] == 20
+
+
+def test_the_attack_table_gives_each_seeds_member_count_where_the_seeds_differ():
+    from experiments.privacy_audit import attack_table, figures_of, summarise
+
+    def cell(n: int, seed: int) -> dict:
+        scores = {0: (nearest_scores(_features(n, seed), _features(20, 9)),
+                      nearest_scores(_features(n, seed + 100), _features(20, 9)))}
+        return {"attacks": {"upload/nearest": figures_of(scores, seed, 20)}}
+
+    # seeds inserted out of order: the counts read in seed order
+    summary = summarise({"uneven": {"1": cell(12, 1), "0": cell(30, 0)}, "even": {"0": cell(25, 0), "1": cell(25, 1)}})
+    assert summary["uneven"]["attacks"]["upload/nearest"]["members"] == [30, 12]
+    assert summary["uneven"]["attacks"]["upload/nearest"]["fpr_step"] == 1 / 12  # the coarser seed's step
+    rows = {line.split(" | ")[0].lstrip("| "): line.split(" | ")[7] for line in attack_table(summary).splitlines()[2:]}
+    assert rows == {"uneven": "30 + 30, 12 + 12", "even": "25 + 25"}
