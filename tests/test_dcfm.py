@@ -674,7 +674,7 @@ def test_gauge_figures_tell_experts_that_swapped_gauges_from_experts_that_agree(
 
 def test_the_table_counts_the_new_rows_steps_pairs_them_and_shows_as_rounds():
     """ddm+l and dcfm-a-allgather cost what ddm and dcfm-a do; A's allgather pairs with the sequential A and
-    every DCFM row with DDM+L; the --doc page lists each A run's record per round."""
+    every DCFM row and DDM itself with DDM+L; the --doc page lists each A run's record per round."""
     from experiments.dcfm import SETTINGS, flow_compute, markdown, paired_rows
 
     settings = {**SETTINGS, "dataset": "colored-digits"}
@@ -690,9 +690,11 @@ def test_the_table_counts_the_new_rows_steps_pairs_them_and_shows_as_rounds():
              {"round": 1, "ci_residual_self": 0.02, "ci_residual_mixture": 0.3, "uncond_gap": 0.41,
               "uncond_moved": 0.8, "uncond_to_peers": 0.1}]
     rows = [row("dcfm-a", s, 0.2) for s in (0, 1)] + [row("dcfm-a-allgather", s, 0.1, trace) for s in (0, 1)]
-    rows += [row("ddm+l", 0, 0.05)]
+    rows += [row("ddm+l", 0, 0.05), row("ddm", 0, 0.08)]
     pairs = {(q["method"], q["against"]): q for q in paired_rows(rows)}
-    assert set(pairs) == {("dcfm-a-allgather", "dcfm-a"), ("dcfm-a", "ddm+l"), ("dcfm-a-allgather", "ddm+l")}
+    assert set(pairs) == {("dcfm-a-allgather", "dcfm-a"), ("dcfm-a", "ddm+l"), ("dcfm-a-allgather", "ddm+l"),
+                          ("dcfm-a", "ddm"), ("dcfm-a-allgather", "ddm"), ("ddm+l", "ddm")}
+    assert pairs["ddm+l", "ddm"]["novel_composition_accuracy"]["mean"] == pytest.approx(-0.03)
     assert pairs["dcfm-a-allgather", "dcfm-a"]["novel_composition_accuracy"]["mean"] == pytest.approx(-0.1)
     lines = markdown({"rows": rows, "paired": []}).splitlines()
     assert "| non-iid | dcfm-a-allgather | 1 | 1 | 0.020 / 0.300 | 0.410 | 0.800 | 0.100 |" in lines
