@@ -674,7 +674,7 @@ def test_gauge_figures_tell_experts_that_swapped_gauges_from_experts_that_agree(
 
 def test_the_table_counts_the_new_rows_steps_pairs_them_and_shows_as_rounds():
     """ddm+l and dcfm-a-allgather cost what ddm and dcfm-a do; A's allgather pairs with the sequential A and
-    every DCFM row and DDM itself with DDM+L; the --doc page lists each A run's record per round."""
+    every DCFM row with DDM+L, and DDM+L with DDM; the --doc page lists each A run's record per round."""
     from experiments.dcfm import SETTINGS, flow_compute, markdown, paired_rows
 
     settings = {**SETTINGS, "dataset": "colored-digits"}
