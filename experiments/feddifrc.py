@@ -7,7 +7,9 @@ FedAvg samples `--fraction-train` of the clients (the paper: 5 of 10). A cell is
 last 5 rounds of the global test accuracy, mean ± std over seeds. The ablation rows (`--methods
 feddifrc-l2,...`) flip one of FedDifRC's documented choices each. Writes <out>/<stem>.json (every
 curve) and <out>/<stem>_rounds.png (accuracy per round), stem = feddifrc (digits) or
-feddifrc_<dataset>; --out defaults to docs/results.
+feddifrc_<dataset>; --out defaults to docs/results. With --doc PAGE.md the main rows, seed by seed, replace
+the page's generated block `feddifrc:<stem>-<rounds>x<local-epochs>` (experiments.common.write_block);
+`--seeds ""` runs nothing and rewrites the json's views only.
 
 Backends. `--backend ray` runs every cell through `fedapp.simulate` (Flower's Ray simulation).
 `--backend inprocess` (default) runs it through `fedapp.simulation.simulate_in_process`: only the
@@ -40,7 +42,7 @@ import numpy as np
 from experiments.cli import common_args, pin_threads
 from experiments.common import (BACKENDS, accuracy_curve, all_converged, check_configs, classification_verdict,
                                 count_text, file_lock, merge_results, paired_difference, paired_text, parse_set, prog,
-                                quiet_logs, results_on_disk, run, subset_of, verdict_mark)
+                                quiet_logs, results_on_disk, run, subset_of, verdict_mark, write_block)
 from fedapp.results import atomic_write_json
 
 SPLITS = {
@@ -77,6 +79,8 @@ METHODS = {
 DEFAULT_METHODS = ("fedavg", "fedprox", "moon", "tdcl", "ndcr", "feddifrc")
 # each ablation row is also read against the default row whose one choice it flips, same seeds
 ABLATION_OF = {m: ("ndcr" if m.startswith("ndcr") else "feddifrc") for m in METHODS if m not in DEFAULT_METHODS}
+SPLIT_NAMES = {"a0.05": "α = 0.05", "a0.1": "α = 0.1", "a0.2": "α = 0.2", "a0.5": "α = 0.5",
+               "path": "two classes a client"}
 DEFAULT_SPLITS = ("a0.05", "a0.1", "a0.5", "path")  # alpha 0.05, 0.1, 0.5 and 2 classes per client
 # The paper's CIFAR-10 table (ResNet-10, SD-2.1, 10 clients, 50 rounds): NID1 = Dirichlet alpha, NID2 = pathological.
 PAPER = {
@@ -224,6 +228,34 @@ def table_text(results: dict[str, Any], splits: list[str], methods: list[str]) -
     return "\n".join(lines)
 
 
+def seed_table(results: dict[str, Any], split: str, methods: list[str], budget: str) -> str:
+    """One split's cells seed by seed, as a method's page shows them (--doc): each seed's last-LAST mean and
+    their mean ± std, the same-seed difference against BASELINE with each seed's, the same for the
+    second-half median (second_half), and how many seeds converged."""
+    summaries = cells(results, [split], methods)[split]
+    seeds = sorted({k for m in methods for k in results.get(split, {}).get(m, {})}, key=int)
+    base = METHODS[BASELINE][0]
+    lines = [f"| {SPLIT_NAMES[split]}, {budget} | last-{LAST} mean (seeds {' / '.join(seeds)}) | − {base}, same "
+             f"seeds | second-half median − {base} | converged |", "|---|---|---|---|---|"]
+    for m in methods:
+        c = summaries.get(m)
+        if c is None:
+            continue
+        runs = results[split][m]
+        mu, sd = cell_stats([r["curve"] for r in runs.values()])
+        each = " / ".join(f"{last_mean(runs[k]['curve']):.2f}" if k in runs else "—" for k in seeds)
+        vs = half = "—"
+        if m != BASELINE:
+            p = c[f"vs_{BASELINE}"]
+            vs = f"{paired_text(p)}; per seed " + " / ".join(f"{p['per_seed'][k]:+.2f}" for k in sorted(
+                p["per_seed"], key=int))
+            half = paired_text(c[f"second_half_median_vs_{BASELINE}"])
+        v = c["verdict"]
+        lines.append(f"| {METHODS[m][0]} | {mu:.2f} ± {sd:.2f} ({each}) | {vs} | {half} | "
+                     f"{v['converged_seeds']} of {v['seeds']} |")
+    return "\n".join(lines)
+
+
 def plot(results: dict[str, Any], splits: list[str], methods: list[str], path: Path, dataset: str) -> None:
     import matplotlib
 
@@ -308,7 +340,21 @@ def parser() -> argparse.ArgumentParser:
                    help="the frozen prior FedDifRC reads (default: the dataset's tiny prior)")
     p.add_argument("--backend", choices=BACKENDS, default="inprocess")
     p.add_argument("--fresh", action="store_true", help="ignore cells already in <out>/feddifrc.json")
+    p.add_argument("--doc", default=None, metavar="PAGE.md",
+                   help="write the main rows, seed by seed, into this page's generated block")
     return p
+
+
+def table_setup(a: argparse.Namespace) -> dict[str, Any]:
+    """What every cell of the json depends on: a rerun under the same setup resumes its cells."""
+    setup = {"dataset": a.dataset, "clients": a.clients, "rounds": a.rounds, "local_epochs": a.local_epochs,
+             "lr": a.lr, "batch_size": a.batch_size, "backend": a.backend, "last_rounds": LAST,
+             "fraction_evaluate": FRACTION_EVALUATE}
+    if a.fraction_train != 1.0:  # only when not 1, so that tables measured before client sampling still resume
+        setup["fraction_train"] = a.fraction_train
+    if a.set:  # only when given, so that tables measured before --set existed still resume
+        setup["set"] = parse_set(a.set)
+    return setup
 
 
 def main(argv: list[str]) -> None:
@@ -321,19 +367,13 @@ def main(argv: list[str]) -> None:
     shared_path = Path(a.runs_dir) / "shared-targets.pt"
     if fdr.SHARE_TARGETS:
         load_shared_targets(shared_path)
-    seeds = [int(s) for s in a.seeds.split(",")]
+    seeds = [int(s) for s in a.seeds.split(",") if s.strip()]  # none: only the views are rewritten
     splits, methods = subset_of("splits", a.splits, SPLITS), subset_of("methods", a.methods, METHODS)
-    check_configs([cell_config(a, seeds[0], s, m) for s in splits for m in methods], a.clients)
+    check_configs([cell_config(a, seed, s, m) for seed in seeds[:1] for s in splits for m in methods], a.clients)
     out = Path(a.out)
     stem = "feddifrc" if a.dataset == "digits" else f"feddifrc_{a.dataset}"
     json_path, png_path = out / f"{stem}.json", out / f"{stem}_rounds.png"
-    setup = {"dataset": a.dataset, "clients": a.clients, "rounds": a.rounds, "local_epochs": a.local_epochs,
-             "lr": a.lr, "batch_size": a.batch_size, "backend": a.backend, "last_rounds": LAST,
-             "fraction_evaluate": FRACTION_EVALUATE}
-    if a.fraction_train != 1.0:  # only when not 1, so that tables measured before client sampling still resume
-        setup["fraction_train"] = a.fraction_train
-    if a.set:  # only when given, so that tables measured before --set existed still resume
-        setup["set"] = parse_set(a.set)
+    setup = table_setup(a)
     # resume: keep the cells already measured under the same setup
     results: dict[str, Any] = {} if a.fresh else results_on_disk(json_path, setup)
     t_all = time.time()
@@ -361,8 +401,10 @@ def main(argv: list[str]) -> None:
                 print(f"[{time.time() - t_all:6.0f}s] seed {seed} {s:5s} {METHODS[m][0]:11s} "
                       f"last-{LAST} {last_mean(row['curve']):.2f}%  ({row['seconds']} s)", flush=True)
                 results = write_table(json_path, setup, results)
-    if results:  # a resumed table gets its cells' summaries too
-        results = write_table(json_path, setup, results)
+    if not results:
+        raise SystemExit(f"{json_path}: no cells measured under this setup (--rounds {a.rounds}, --local-epochs "
+                         f"{a.local_epochs}, ...); give --seeds to run some")
+    results = write_table(json_path, setup, results)  # a resumed table gets its cells' summaries too
     all_splits = [s for s in SPLITS if s in results]
     present = [m for m in METHODS if any(m in results[s] for s in all_splits)]
     main_rows = [m for m in present if m in DEFAULT_METHODS]
@@ -376,3 +418,8 @@ def main(argv: list[str]) -> None:
         print(f"\nablations (one choice flipped each)\n{table_text(results, all_splits, extra)}")
     plot(results, all_splits, main_rows, png_path, a.dataset)
     print(f"wrote {json_path} and {png_path} ({time.time() - t_all:.0f} s)")
+    if a.doc:
+        budget = f"{a.rounds} rounds × {a.local_epochs} local epochs"
+        write_block(Path(a.doc), f"feddifrc:{stem}-{a.rounds}x{a.local_epochs}",
+                    "\n\n".join(seed_table(results, s, main_rows, budget) for s in all_splits))
+        print(f"wrote its seed-by-seed table into {a.doc}")

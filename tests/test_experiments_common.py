@@ -148,6 +148,40 @@ def test_feddifrc_cells_read_the_second_half_median_and_dips_beside_the_last_rou
     assert base["second_half"]["0"]["rounds_below"] == 1 and "second_half_median_vs_fedavg" not in base
 
 
+def test_feddifrc_seed_table_shows_each_seed_and_its_paired_difference():
+    from experiments.feddifrc import seed_table
+
+    results = {"a0.5": {"fedavg": {"0": _row([0.90] * 20), "1": _row([0.92] * 20), "2": _row([0.94] * 20)},
+                        # seed 2 still rising by 10 points over the last 10 rounds: 2 of 3 converged
+                        "feddifrc": {"0": _row([0.91] * 20), "1": _row([0.91] * 20),
+                                     "2": _row([0.80 + 0.01 * r for r in range(20)])}}}
+    lines = seed_table(results, "a0.5", ["fedavg", "feddifrc"], "50 rounds × 10 local epochs").splitlines()
+    assert lines[0].startswith("| α = 0.5, 50 rounds × 10 local epochs | last-5 mean (seeds 0 / 1 / 2) |")
+    assert lines[2] == "| FedAvg | 92.00 ± 1.63 (90.00 / 92.00 / 94.00) | — | — | 3 of 3 |"
+    # same seeds: 91 - 90, 91 - 92, 97 - 94 (seed 2's last 5 rounds: 95..99); second-half medians 91 - 90,
+    # 91 - 92, 94.5 - 94
+    assert lines[3] == ("| FedDifRC | 93.00 ± 2.83 (91.00 / 91.00 / 97.00) | +1.0 ± 1.6 (2/3); per seed "
+                        "+1.00 / -1.00 / +3.00 | +0.2 ± 0.8 (2/3) | 2 of 3 |")
+
+
+def test_feddifrc_doc_rewrites_the_pages_block_from_the_json_without_running(tmp_path, monkeypatch):
+    import experiments.feddifrc as efd
+
+    monkeypatch.setattr(efd, "run", lambda *a, **k: pytest.fail("--seeds '' runs nothing"))
+    argv = ["--out", str(tmp_path), "--rounds", "20", "--local-epochs", "10", "--splits", "a0.05"]
+    results = {"a0.05": {"fedavg": {"0": _row([0.5] * 20)}, "feddifrc": {"0": _row([0.6] * 20)}}}
+    efd.write_table(tmp_path / "feddifrc_mnist-5k.json", efd.table_setup(efd.parser().parse_args(argv)), results)
+    page = tmp_path / "page.md"
+    page.write_text("# FedDifRC\n\n<!-- feddifrc:feddifrc_mnist-5k-20x10 -->\nold\n"
+                    "<!-- /feddifrc:feddifrc_mnist-5k-20x10 -->\n\nprose after\n")
+    efd.main([*argv, "--seeds", "", "--doc", str(page)])
+    body = page.read_text()
+    assert "old" not in body and body.endswith("prose after\n")
+    assert "| FedDifRC | 60.00 ± 0.00 (60.00) | +10.0 ± 0.0 (1/1); per seed +10.00 |" in body
+    with pytest.raises(SystemExit, match="no cells measured under this setup"):  # another budget: no cells
+        efd.main([*argv[:3], "30", *argv[4:], "--seeds", ""])
+
+
 def test_feddifrc_ablation_rows_are_also_read_against_the_row_they_flip():
     from experiments.feddifrc import cell_summary, table_text
 
