@@ -267,6 +267,14 @@ def table_verdict(runs: list[dict], plateaus: list[dict[str, Any]] = ()) -> dict
     return all_converged([oracle_verdict(r, list(plateaus)) for r in runs])
 
 
+def oracle_runs(args, by_cell: dict[tuple, list[dict]], epsilon) -> list[dict]:
+    """The table's oracle seeds, each with the denoiser steps its config gave it (denoiser_compute): a run's
+    row does not record them, and oracle_verdict needs them to tell an oracle on its recipe's plateau from
+    one stopped short of it."""
+    return [{**r, **denoiser_compute(config(args, ORACLE, r["seed"], float(epsilon)), args.clients)}
+            for r in by_cell.get((ORACLE, args.clients, epsilon), [])]
+
+
 def budget_plateaus(path: str) -> list[dict[str, Any]]:
     """The plateau of each seed of a pfdm-budget json (--plateau-from): the curve that says where the oracle's
     recipe stops improving."""
@@ -472,8 +480,7 @@ def main(argv: list[str]) -> None:
         for (method, clients, eps), c in means.items():
             c.update(denoiser_compute(config(args, method, 0, float(eps)), clients))
         here = eps_key(args.epsilon)
-        result["verdict"] = table_verdict(by_cell.get((ORACLE, args.clients, here), []),
-                                          budget_plateaus(args.plateau_from))
+        result["verdict"] = table_verdict(oracle_runs(args, by_cell, here), budget_plateaus(args.plateau_from))
         result["paired"] = paired_rows(by_cell, args.clients, here)
         order = list(TABLE_METHODS) + list(VARIANTS) + list(CONTROLS)
         result["table"] = [means[m, args.clients, here] for m in order if (m, args.clients, here) in means]

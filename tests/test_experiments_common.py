@@ -893,3 +893,20 @@ def test_the_pfdm_table_counts_an_oracle_on_its_recipes_plateau():
     assert not table_verdict([{"sample_accuracy": 0.885, "steps": 2000}], plateaus)["converged"]  # short of it
     v = table_verdict([on, {"sample_accuracy": 0.91, "steps": 16000}], plateaus)
     assert v["converged"] and v["converged_seeds"] == 2
+
+
+def test_the_pfdm_tables_oracle_rows_carry_their_steps_to_the_plateau_rule():
+    from experiments.common import plateau
+    from experiments.pfdm import ORACLE, oracle_runs, parser, table_verdict
+
+    readings, losses = [0.2, 0.6, 0.8, 0.85, 0.87, 0.8875, 0.895, 0.89], [0.05, 0.03, 0.02, 0.017, 0.015, 0.01398,
+                                                                            0.0136, 0.01387]
+    plateaus = [plateau(_curve(readings, losses))]  # every 2,000 steps to 16,000: the plateau from 12,000
+    assert plateaus[0]["plateau"] and plateaus[0]["from_steps"] == 12000
+    row = {"method": ORACLE, "clients": 4, "epsilon": 10.0, "seed": 0, "sample_accuracy": 0.8999}  # as run_one keeps it
+    for steps, on in ((3200, True), (1600, False)):  # the oracle trains clients x steps + steps: 16,000 or 8,000
+        args = parser().parse_args(["--steps", str(steps), "--epsilon", "10"])
+        runs = oracle_runs(args, {(ORACLE, 4, 10.0): [row]}, 10.0)
+        assert runs[0]["steps"] == 5 * steps and runs[0]["seed"] == 0
+        assert table_verdict(runs, plateaus)["converged"] is on
+    assert not table_verdict([row], plateaus)["converged"]  # the row alone has no steps: only the 90 % mark
