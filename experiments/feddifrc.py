@@ -245,8 +245,8 @@ def seed_table(results: dict[str, Any], split: str, methods: list[str], budget: 
         mu, sd = cell_stats([r["curve"] for r in runs.values()])
         each = " / ".join(f"{last_mean(runs[k]['curve']):.2f}" if k in runs else "—" for k in seeds)
         vs = half = "—"
-        if m != BASELINE:
-            p = c[f"vs_{BASELINE}"]
+        p = c[f"vs_{BASELINE}"]
+        if p:  # a row beside the baseline, on the seeds both have
             vs = f"{paired_text(p)}; per seed " + " / ".join(f"{p['per_seed'][k]:+.2f}" for k in sorted(
                 p["per_seed"], key=int))
             half = paired_text(c[f"second_half_median_vs_{BASELINE}"])

@@ -162,6 +162,8 @@ def test_feddifrc_seed_table_shows_each_seed_and_its_paired_difference():
     # 91 - 92, 94.5 - 94
     assert lines[3] == ("| FedDifRC | 93.00 ± 2.83 (91.00 / 91.00 / 97.00) | +1.0 ± 1.6 (2/3); per seed "
                         "+1.00 / -1.00 / +3.00 | +0.2 ± 0.8 (2/3) | 2 of 3 |")
+    alone = seed_table({"a0.5": {"feddifrc": results["a0.5"]["feddifrc"]}}, "a0.5", ["fedavg", "feddifrc"], "x")
+    assert alone.splitlines()[2].endswith(" | — | — | 2 of 3 |")  # no FedAvg cells: nothing to pair
 
 
 def test_feddifrc_doc_rewrites_the_pages_block_from_the_json_without_running(tmp_path, monkeypatch):
