@@ -20,7 +20,7 @@ set in config() as its pfdm.shared-steps, after any --set. The table's verdict (
 generative_verdict): converged when every seed's centralized-ddpm samples are read as the requested class
 >= 90% (its sample_accuracy); every row prints it. Paired seeds: pfdm (and each ablation row) against
 local-only and against its own run's private model alone (private_only_*), client 0's mean Fréchet
-distance and minority KID, per seed both have.
+distance, minority KID and minority class reading, per seed both have.
 """
 
 from __future__ import annotations
@@ -56,7 +56,9 @@ PAPER = {  # C-MNIST, client 0, FID (majority / minority / mean) and MIA on the 
 }
 KID_KEYS = tuple(f"{p}{g}_{k}" for p in ("", "private_only_") for g in ("majority", "minority")
                  for k in ("kid", "kid_std")) + ("mean_kid", "private_only_mean_kid")
-KEEP = KID_KEYS + ("majority_distance", "minority_distance", "mean_distance", "sample_accuracy", "mia_auc",
+KEEP = KID_KEYS + ("majority_distance", "minority_distance", "mean_distance", "sample_accuracy",
+        "majority_sample_accuracy", "minority_sample_accuracy", "private_only_majority_sample_accuracy",
+        "private_only_minority_sample_accuracy", "mia_auc",
         "mia_attack_accuracy", "mia_tpr_at_1fpr", "shared_memorised_fraction", "shared_nn_distance",
         "recon_true_distance", "recon_random_distance", "recon_closer_than_random", "recon_identified",
         "recon_identified_chance", "private_only_majority_distance", "private_only_minority_distance",
@@ -69,7 +71,9 @@ KEEP = KID_KEYS + ("majority_distance", "minority_distance", "mean_distance", "s
 
 ORACLE = "centralized-ddpm"
 FEDERATED = tuple(m for m in TABLE_METHODS if m != ORACLE) + tuple(VARIANTS)  # the rows the oracle must match
-PAIRED_KEYS = ("mean_distance", "minority_kid")  # client 0's figures of the paired differences (lower is better)
+# client 0's figures of the paired differences -> whether higher is better; the minority classes' reading is
+# the class reading of the images asked of client 0's rare classes
+PAIRED_KEYS = {"mean_distance": False, "minority_kid": False, "minority_sample_accuracy": True}
 
 
 def config(args, method: str, seed: int, epsilon: float | None = None) -> dict:
@@ -199,16 +203,17 @@ def print_table(rows: list[dict], verdict: dict[str, Any] | None = None, paired:
     lines = [f"verdict: {verdict_text(verdict)} ({ORACLE}, {verdict['converged_seeds']}/{verdict['seeds']} seeds "
              f"converged; {verdict['reason']})", *reader_lines(rows), "",
              ("| method | seeds | majority | minority | mean | KID majority | KID minority | sample acc % "
-              "| MIA AUC % | MIA acc % | TPR@1%FPR % | memorised | paper FID (maj/min/mean) | steps | images seen "
-              "| verdict |"),
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+              "| minority acc % | MIA AUC % | MIA acc % | TPR@1%FPR % | memorised | paper FID (maj/min/mean) | steps "
+              "| images seen | verdict |"),
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         p = PAPER.get(r["method"])
         spent = f", DP-SGD ε={r['dp_epsilon']:.2f}" if r.get("dp_epsilon") else ""
         lines.append(f"| {r['method']} (N={r['clients']}{spent}) | {len(r['seeds'])} | "
                      f"{cell(r, 'majority_distance')} | "
                      f"{cell(r, 'minority_distance')} | {cell(r, 'mean_distance')} | {cell(r, 'majority_kid')} | "
-                     f"{cell(r, 'minority_kid')} | {cell(r, 'sample_accuracy', True)} | {cell(r, 'mia_auc', True)} | "
+                     f"{cell(r, 'minority_kid')} | {cell(r, 'sample_accuracy', True)} | "
+                     f"{cell(r, 'minority_sample_accuracy', True)} | {cell(r, 'mia_auc', True)} | "
                      f"{cell(r, 'mia_attack_accuracy', True)} | {cell(r, 'mia_tpr_at_1fpr', True)} | "
                      f"{cell(r, 'shared_memorised_fraction')} | {'/'.join(map(str, p)) if p else ''} | "
                      f"{count_text(r.get('steps'))} | {count_text(r.get('images_seen'))} | {verdict_text(verdict)} |")
@@ -217,12 +222,16 @@ def print_table(rows: list[dict], verdict: dict[str, Any] | None = None, paired:
                          f"{cell(r, 'private_only_majority_distance')} | {cell(r, 'private_only_minority_distance')} | "
                          f"{cell(r, 'private_only_mean_distance')} | {cell(r, 'private_only_majority_kid')} | "
                          f"{cell(r, 'private_only_minority_kid')} | {cell(r, 'private_only_sample_accuracy', True)} "
+                         f"| {cell(r, 'private_only_minority_sample_accuracy', True)} "
                          f"| | | | | | | | {verdict_text(verdict)} |")
     if paired:
-        lines += ["", "| same seeds: row - reference (lower is better) | " + " | ".join(PAIRED_KEYS) + " |",
+        lines += ["", "| same seeds: row - reference | " + " | ".join(
+                      f"{k}{' (points)' * higher} ({'higher' if higher else 'lower'} is better)"
+                      for k, higher in PAIRED_KEYS.items()) + " |",
                   "|---|" + "---|" * len(PAIRED_KEYS)]
-        lines += [f"| {q['method']} - {q['against']} | " + " | ".join(paired_text(q[k], 3) for k in PAIRED_KEYS) + " |"
-                  for q in paired]
+        lines += [f"| {q['method']} - {q['against']} | " + " | ".join(
+                      paired_text(q.get(k), 1, 100) if higher else paired_text(q.get(k), 3)
+                      for k, higher in PAIRED_KEYS.items()) + " |" for q in paired]
     lines += ["", "| z_w's hand-over at t0 | seeds | t0 | KID | KID, held-out reference | energy ratio "
                   "| energy ratio, reference | passes (share of seeds) |",
               "|---|---|---|---|---|---|---|---|"]
@@ -286,7 +295,7 @@ def budget_plateaus(path: str) -> list[dict[str, Any]]:
 
 def paired_rows(by_cell: dict[tuple, list[dict]], clients: int, epsilon) -> list[dict]:
     """pfdm and each ablation row, same seeds, against local-only and against its own private model alone:
-    PAIRED_KEYS' differences (experiments.common.paired_difference; lower is better)."""
+    PAIRED_KEYS' differences (experiments.common.paired_difference, each in its key's better direction)."""
     def per_seed(method: str, key: str) -> dict:
         return {r["seed"]: r.get(key) for r in by_cell.get((method, clients, epsilon), [])}
 
@@ -296,8 +305,8 @@ def paired_rows(by_cell: dict[tuple, list[dict]], clients: int, epsilon) -> list
             continue
         for against, ref, prefix in (("local-only", "local-only", ""), ("its private model alone", m, "private_only_")):
             out.append({"method": m, "against": against, **{
-                k: paired_difference(per_seed(m, k), per_seed(ref, prefix + k), higher_is_better=False)
-                for k in PAIRED_KEYS}})
+                k: paired_difference(per_seed(m, k), per_seed(ref, prefix + k), higher_is_better=higher)
+                for k, higher in PAIRED_KEYS.items()}})
     return out
 
 

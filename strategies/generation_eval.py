@@ -64,7 +64,8 @@ class GenerationEval:
     def distances(self, x: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
         """majority/minority Frechet distance and KID (± its std over subsets) to the real test images of those
         classes; mean = their average (as the paper's tables); sample_accuracy = share the reference classifier
-        labels as requested."""
+        labels as requested, <group>_sample_accuracy the same over that group's classes (a minority class's
+        reading is what collaboration should lift)."""
         from fedapp.metrics import feature_distances
         from fedapp.models.classifier import accuracy
 
@@ -73,8 +74,9 @@ class GenerationEval:
             if not classes:
                 continue
             real = self.server.test.x[torch.isin(self.server.test.y, torch.tensor(classes))]
-            gen = x[torch.isin(y, torch.tensor(classes))]
-            out.update(feature_distances(name, self.features(gen), self.features(real), seed=self.run.cfg.seed))
+            asked = torch.isin(y, torch.tensor(classes))
+            out.update(feature_distances(name, self.features(x[asked]), self.features(real), seed=self.run.cfg.seed))
+            out[f"{name}_sample_accuracy"] = accuracy(self.ref, x[asked], y[asked])
         for metric in ("distance", "kid"):
             out[f"mean_{metric}"] = float(np.mean([out[f"{g}_{metric}"] for g in self.groups
                                                    if f"{g}_{metric}" in out]))

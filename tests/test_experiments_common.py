@@ -444,23 +444,28 @@ def test_pfdm_verdict_from_the_oracle_and_paired_rows_against_local_only_and_the
 
     oracle = [_pfdm_run("centralized-ddpm", s, sample_accuracy=a) for s, a in ((0, 0.95), (1, 0.85))]
     assert not table_verdict(oracle)["converged"] and table_verdict(oracle[:1])["converged"]
-    by_cell = {("local-only", 4, 10.0): [_pfdm_run("local-only", s, mean_distance=d, minority_kid=1.0)
-                                         for s, d in ((0, 5.0), (1, 6.0))],
+    by_cell = {("local-only", 4, 10.0): [_pfdm_run("local-only", s, mean_distance=d, minority_kid=1.0,
+                                                   minority_sample_accuracy=0.5) for s, d in ((0, 5.0), (1, 6.0))],
                ("pfdm", 4, 10.0): [_pfdm_run("pfdm", s, mean_distance=d, minority_kid=0.5, private_only_mean_distance=p,
-                                             private_only_minority_kid=0.5)
-                                   for s, d, p in ((0, 4.0, 4.5), (1, 7.0, 6.0))]}
+                                             private_only_minority_kid=0.5, minority_sample_accuracy=a,
+                                             private_only_minority_sample_accuracy=0.6)
+                                   for s, d, p, a in ((0, 4.0, 4.5, 0.7), (1, 7.0, 6.0, 0.4))]}
     rows = {(q["method"], q["against"]): q for q in paired_rows(by_cell, 4, 10.0)}
     vs_local, vs_private = rows["pfdm", "local-only"], rows["pfdm", "its private model alone"]
     assert vs_local["mean_distance"] == {"mean": 0.0, "std": 1.0, "n": 2, "favour": 1,
                                          "per_seed": {"0": -1.0, "1": 1.0}}
     assert vs_local["minority_kid"]["mean"] == -0.5 and vs_local["minority_kid"]["favour"] == 2
     assert vs_private["mean_distance"]["mean"] == pytest.approx(0.25) and vs_private["minority_kid"]["favour"] == 0
+    # the minority classes' reading: higher is better, so a seed favours pfdm when it reads more
+    assert vs_local["minority_sample_accuracy"]["per_seed"] == pytest.approx({"0": 0.2, "1": -0.1})
+    assert vs_local["minority_sample_accuracy"]["favour"] == 1 and vs_private["minority_sample_accuracy"]["favour"] == 1
     table = [{"method": "pfdm", "clients": 4, "seeds": [0, 1], "steps": 2000, "images_seen": 128000}]
     text = print_table(table, table_verdict(oracle), list(rows.values()))
     assert text.startswith("verdict: not converged (centralized-ddpm, 1/2 seeds converged; oracle samples read as "
                            "the requested class 85.0% (< 90%))")
     assert "| 2,000 | 128,000 | not converged |" in text
-    assert "| pfdm - local-only | +0.000 ± 1.000 (1/2) | -0.500 ± 0.000 (2/2) |" in text
+    assert "| pfdm - local-only | +0.000 ± 1.000 (1/2) | -0.500 ± 0.000 (2/2) | +5.0 ± 15.0 (1/2) |" in text
+    assert "| minority_sample_accuracy (points) (higher is better) |" in text
 
 
 def test_pfdm_table_already_in_docs_still_prints():

@@ -72,6 +72,11 @@ def test_generation_eval_reports_kid_and_its_std_beside_the_frechet_distance():
     assert out["mean_kid"] == pytest.approx((out["majority_kid"] + out["minority_kid"]) / 2)
     feats = ev.features(x[y == 3]), ev.features(ev.server.test.x[ev.server.test.y == 3])
     assert out["minority_kid"] == feature_distances("m", *feats)["m_kid"]
+    read = ev.ref(x).argmax(1)  # each group's class reading: its own images only, the whole reading their blend
+    assert out["minority_sample_accuracy"] == pytest.approx(float((read[y == 3] == 3).float().mean()))
+    assert out["majority_sample_accuracy"] == pytest.approx(float((read[y < 3] == y[y < 3]).float().mean()))
+    assert out["sample_accuracy"] == pytest.approx((30 * out["majority_sample_accuracy"]
+                                                    + 10 * out["minority_sample_accuracy"]) / 40)
 
 
 def test_intra_class_diversity_is_the_mean_pairwise_distance_and_its_ratio_scales():
