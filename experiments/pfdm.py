@@ -11,7 +11,8 @@ run; a rerun under the same setup measures only what is missing, and a run stopp
 its folder (cell_run_name) from its denoisers' train states (pfdm.checkpoint-every). Two runners on disjoint
 seeds share the json: each write merges the runs on disk under its lock. Every run goes through
 `fedapp.simulation.simulate_in_process` (the default; --backend ray: `fedapp.simulate`, Flower's Ray
-simulation) and its folder goes under --runs; --out defaults to docs/results.
+simulation) and its folder goes under --runs; --out defaults to docs/results. --doc PAGE.md writes the table
+into that page's generated block; with --seeds "" nothing runs and the views are rewritten from the json.
 
 Compute-matched rows: each row lists its denoiser optimiser steps and images seen (denoiser_compute), and
 the oracle centralized-ddpm trains for the largest total of the other rows (oracle_steps: pfdm's
@@ -36,7 +37,7 @@ from typing import Any
 from experiments.cli import common_args
 from experiments.common import (BACKENDS, all_converged, check_configs, count_text, file_lock, generative_verdict,
                                 json_under, over_seeds, plateau,
-                                paired_difference, paired_text, parse_set, prog, run, verdict_mark)
+                                paired_difference, paired_text, parse_set, prog, run, verdict_mark, write_block)
 from fedapp.results import atomic_write_json
 
 TABLE_METHODS = ("centralized-ddpm", "fedavg-ddpm", "local-only", "dpdm", "pfdm")
@@ -355,6 +356,17 @@ SETUP_KEYS = ("clients", "steps", "rounds", "samples", "sample_steps", "attack_s
               "image_size", "epsilon", "set")  # what every run depends on; a rerun under the same setup resumes
 
 
+def table_setup(args: argparse.Namespace) -> dict[str, Any]:
+    """What every run of the json depends on: a rerun under the same setup resumes its runs."""
+    return {**{k: getattr(args, k) for k in SETUP_KEYS}, "set": setup_sets(args.set),
+            "oracle_steps": oracle_steps(args)}
+
+
+def doc_block(args: argparse.Namespace, stem: str) -> str:
+    """The name of the page block the table goes into (--doc): one per dataset, image size and step budget."""
+    return f"pfdm:{stem}-{args.image_size}px-{args.steps}"
+
+
 def setup_sets(sets: list[str]) -> list[str]:
     """--set as the setup compares it: pfdm.checkpoint-every changes how often runs save, not what they give."""
     return [s for s in sets if s.split("=", 1)[0].strip() != "pfdm.checkpoint-every"]
@@ -438,6 +450,9 @@ def parser() -> argparse.ArgumentParser:
     ap.add_argument("--methods", default=",".join(TABLE_METHODS),
                     help=f"table rows: methods, the ablation rows {', '.join(VARIANTS)} or the attacks' positive "
                          f"control {', '.join(CONTROLS)}")
+    ap.add_argument("--doc", default=None, metavar="PAGE.md",
+                    help="write the table into this page's generated block pfdm:<json stem>-<size>px-<steps> "
+                         "(--seeds '' runs nothing and rewrites it from the json)")
     ap.add_argument("--backend", choices=BACKENDS, default="inprocess",
                     help="inprocess: fedapp.simulation.simulate_in_process (no Ray start-up); ray: fedapp.simulate")
     return ap
@@ -457,13 +472,12 @@ def main(argv: list[str]) -> None:
     cells = [(m, args.clients, args.epsilon) for m in methods] + [("pfdm", args.clients, e) for e in eps_curve] \
         + [("pfdm", n, args.epsilon) for n in scaling]
     for method, clients, eps in dict.fromkeys(cells):
-        check_configs([config(args, method, seeds[0], eps)], clients)
+        check_configs([config(args, method, seeds[0] if seeds else 0, eps)], clients)
     docs = Path(args.out)
     docs.mkdir(parents=True, exist_ok=True)
     stem = "pfdm" if args.dataset == "colored-digits" else f"pfdm_{args.dataset}"
     path = docs / f"{stem}.json"
-    setup = {**{k: getattr(args, k) for k in SETUP_KEYS}, "set": setup_sets(args.set),
-             "oracle_steps": oracle_steps(args)}
+    setup = table_setup(args)
     result = {"setup": setup, "settings": vars(args), "paper": PAPER, "runs": []}
     done: dict[tuple, dict] = {}  # (method, clients, ε, seed) -> its run
 
@@ -522,3 +536,9 @@ def main(argv: list[str]) -> None:
             print(f"N={r['clients']}: KID minority pfdm {cell(r, 'minority_kid')}, private alone "
                   f"{cell(r, 'private_only_minority_kid')}")
     views()
+    if args.doc:
+        if not result["table"]:
+            raise SystemExit(f"{path}: no runs under this setup (--steps {args.steps}, --image-size "
+                             f"{args.image_size}, --channels {args.channels}, --set ...); give --seeds to run some")
+        write_block(Path(args.doc), doc_block(args, stem), result["table_markdown"])
+        print(f"wrote the table into {args.doc}")

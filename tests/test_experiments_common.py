@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 from experiments import common
 from experiments.common import (all_converged, check_cpu_budget, classification_verdict, generative_verdict,
@@ -45,6 +46,8 @@ def test_a_curve_shorter_than_15_rounds_is_too_short():
 def test_generative_verdict_needs_90_percent_of_the_oracle_samples():
     assert not generative_verdict(0.89)["converged"]
     assert generative_verdict(0.90)["converged"] and generative_verdict(0.3 * 3)["converged"]  # 0.8999999999999999
+    assert generative_verdict(float(torch.tensor([1.0] * 360 + [0.0] * 40).mean()))["converged"]  # float32: 0.89999998
+    assert not generative_verdict(359 / 400)["converged"]
     assert "89.0% (< 90%)" in generative_verdict(0.89)["reason"]
     assert generative_verdict(None) == {"converged": False, "reason": "no oracle run"}
 
@@ -466,6 +469,34 @@ def test_pfdm_verdict_from_the_oracle_and_paired_rows_against_local_only_and_the
     assert "| 2,000 | 128,000 | not converged |" in text
     assert "| pfdm - local-only | +0.000 ± 1.000 (1/2) | -0.500 ± 0.000 (2/2) | +5.0 ± 15.0 (1/2) |" in text
     assert "| minority_sample_accuracy (points) (higher is better) |" in text
+
+
+def test_pfdm_doc_rewrites_the_pages_block_from_the_json_without_running(tmp_path, monkeypatch):
+    import experiments.pfdm as ep
+
+    monkeypatch.setattr(ep, "run", lambda *a, **k: pytest.fail("--seeds '' runs nothing"))
+    argv = ["--out", str(tmp_path), "--dataset", "colored-mnist", "--image-size", "16", "--steps", "3200",
+            "--scaling", "", "--seeds", ""]
+    setup = ep.table_setup(ep.parser().parse_args(argv))
+    runs = [_pfdm_run("local-only", s, mean_distance=5.0, minority_kid=1.0, minority_sample_accuracy=0.5,
+                      wall_seconds=1.0, run_dir="x") for s in (0, 1)]
+    runs += [_pfdm_run("pfdm", s, mean_distance=4.0, minority_kid=0.5, minority_sample_accuracy=a,
+                       private_only_mean_distance=4.5, private_only_minority_kid=0.5,
+                       private_only_minority_sample_accuracy=0.6, wall_seconds=1.0, run_dir="x")
+             for s, a in ((0, 0.7), (1, 0.8))]
+    (tmp_path / "pfdm_colored-mnist.json").write_text(json.dumps({"setup": setup, "runs": runs}))
+    page = tmp_path / "page.md"
+    block = "pfdm:pfdm_colored-mnist-16px-3200"
+    page.write_text(f"# PFDM\n\n<!-- {block} -->\nold\n<!-- /{block} -->\n\nprose after\n")
+    ep.main([*argv, "--doc", str(page)])
+    body = page.read_text()
+    assert "old" not in body and body.endswith("prose after\n")
+    assert "| pfdm (N=4) | 2 | n/a | n/a | 4.000 ± 0.000 | n/a | 0.500 ± 0.000 | n/a | 75.0 ± 5.0 |" in body
+    assert "| pfdm - local-only | -1.000 ± 0.000 (2/2) | -0.500 ± 0.000 (2/2) | +25.0 ± 5.0 (2/2) |" in body
+    assert "| pfdm - its private model alone | -0.500 ± 0.000 (2/2) | +0.000 ± 0.000 (0/2) | +15.0 ± 5.0 (2/2) |" \
+        in body
+    with pytest.raises(SystemExit, match="no runs under this setup"):  # another budget: no runs
+        ep.main([*argv[:7], "1600", *argv[8:], "--doc", str(page)])
 
 
 def test_pfdm_table_already_in_docs_still_prints():
