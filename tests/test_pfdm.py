@@ -164,6 +164,8 @@ def test_pfdm_simulation_uploads_are_private_and_the_private_model_stays_home(tm
                 "shared_memorised_fraction", "recon_closer_than_random", "minority_kid", "minority_kid_std",
                 "private_only_minority_kid", "mean_kid", "t0_kid", "t0_kid_reference"):
         assert m[key] is not None and math.isfinite(m[key]), key
+    for key in ("minority_sample_accuracy", "private_only_minority_sample_accuracy", "majority_sample_accuracy"):
+        assert 0.0 <= m[key] <= 1.0, key  # each class group's reading, of the released and the private-only model
     assert set(m["per_client"]) == {"0", "1"}
     # the reference classifier is a reader: its held-out accuracy, and whether it is below its threshold
     assert m["reader_accuracy"] == {"label": m["reference_accuracy"]}
