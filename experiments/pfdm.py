@@ -177,12 +177,16 @@ def fmt(v, pct=False) -> str:
 
 
 def cell(r: dict, key: str, pct: bool = False) -> str:
-    """mean, and ± the std over seeds where there are several."""
+    """mean, and ± the std over seeds where there are several; "(k of n seeds)" where only k of the cell's
+    seeds report the figure (one added to the table after some seeds were measured)."""
     if r.get(key) is None:
         return "n/a"
     text = fmt(r[key], pct)
-    if len(r.get("seeds", [])) > 1:
+    runs = r.get(f"{key}_runs", len(r.get("seeds", [])))
+    if runs > 1:
         text += f" ± {fmt(r[key + '_seed_std'], pct)}"
+    if f"{key}_runs" in r:
+        text += f" ({runs} of {len(r['seeds'])} seeds)"
     return text
 
 

@@ -471,6 +471,18 @@ def test_pfdm_verdict_from_the_oracle_and_paired_rows_against_local_only_and_the
     assert "| minority_sample_accuracy (points) (higher is better) |" in text
 
 
+def test_a_pfdm_figure_some_seeds_lack_says_how_many_it_stands_on():
+    from experiments.pfdm import aggregate, cell
+
+    rows = [_pfdm_run("centralized-ddpm", s, wall_seconds=1.0, run_dir="x", sample_accuracy=0.9) for s in (0, 1, 2)]
+    rows[1]["minority_sample_accuracy"], rows[2]["minority_sample_accuracy"] = 0.8, 0.9
+    c = aggregate(rows)
+    assert cell(c, "minority_sample_accuracy", True) == "85.0 ± 5.0 (2 of 3 seeds)"
+    assert cell(c, "sample_accuracy", True) == "90.0 ± 0.0"
+    rows[2].pop("minority_sample_accuracy")
+    assert cell(aggregate(rows), "minority_sample_accuracy", True) == "80.0 (1 of 3 seeds)"  # one seed: no std
+
+
 def test_pfdm_doc_rewrites_the_pages_block_from_the_json_without_running(tmp_path, monkeypatch):
     import experiments.pfdm as ep
 
