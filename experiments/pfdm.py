@@ -75,6 +75,7 @@ FEDERATED = tuple(m for m in TABLE_METHODS if m != ORACLE) + tuple(VARIANTS)  # 
 # client 0's figures of the paired differences -> whether higher is better; the minority classes' reading is
 # the class reading of the images asked of client 0's rare classes
 PAIRED_KEYS = {"mean_distance": False, "minority_kid": False, "minority_sample_accuracy": True}
+PAIRED_POINTS = {"minority_sample_accuracy"}  # fractions: their differences print as points
 
 
 def config(args, method: str, seed: int, epsilon: float | None = None) -> dict:
@@ -231,12 +232,12 @@ def print_table(rows: list[dict], verdict: dict[str, Any] | None = None, paired:
                          f"| | | | | | | | {verdict_text(verdict)} |")
     if paired:
         lines += ["", "| same seeds: row - reference | " + " | ".join(
-                      f"{k}{' (points)' * higher} ({'higher' if higher else 'lower'} is better)"
+                      f"{k}{' (points)' * (k in PAIRED_POINTS)} ({'higher' if higher else 'lower'} is better)"
                       for k, higher in PAIRED_KEYS.items()) + " |",
                   "|---|" + "---|" * len(PAIRED_KEYS)]
         lines += [f"| {q['method']} - {q['against']} | " + " | ".join(
-                      paired_text(q.get(k), 1, 100) if higher else paired_text(q.get(k), 3)
-                      for k, higher in PAIRED_KEYS.items()) + " |" for q in paired]
+                      paired_text(q.get(k), 1, 100) if k in PAIRED_POINTS else paired_text(q.get(k), 3)
+                      for k in PAIRED_KEYS) + " |" for q in paired]
     lines += ["", "| z_w's hand-over at t0 | seeds | t0 | KID | KID, held-out reference | energy ratio "
                   "| energy ratio, reference | passes (share of seeds) |",
               "|---|---|---|---|---|---|---|---|"]
